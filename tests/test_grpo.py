@@ -1,0 +1,104 @@
+import dataclasses
+import json
+import subprocess
+import sys
+
+import torch
+
+from nanorl import Example, GRPOConfig, Task, train
+from nanorl.grpo import backward_minibatch
+from nanorl.advantages import group_advantages
+from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
+from nanorl.sampling import SamplingParams, generate
+
+
+def letter_a(prompt, completion, **_):
+    """Toy reward a tiny random model can learn in a few dozen steps: the share of 'a' characters."""
+    return completion.count("a") / max(len(completion), 1)
+
+
+def toy_task():
+    return Task("letter-a", train=[Example(f"q{i}") for i in range(40)], eval=[Example(f"e{i}") for i in range(4)],
+                reward=letter_a)
+
+
+def _metrics(out_dir):
+    return [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+
+
+def test_gradient_is_independent_of_micro_batch_size():
+    model, tok = tiny_model_and_tokenizer(seed=1)
+    prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
+    roll = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=0,
+                    pad_id=tok.pad_token_id)
+    rewards = torch.tensor([float(len(c) % 3) for c in roll.completion_ids])
+    adv, _ = group_advantages(rewards, 4)
+    grads = []
+    for micro in (12, 5, 1):
+        cfg = GRPOConfig(micro_batch_size=micro)
+        model.zero_grad()
+        stats = backward_minibatch(model, None, roll, adv, list(range(12)), cfg, True, tok.pad_token_id, "cpu")
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        assert stats["ratio_min"] == 1.0 and stats["ratio_max"] == 1.0 and stats["clipped"] == 0.0
+    assert grads[0].abs().max() > 0
+    for g in grads[1:]:
+        assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4)
+
+
+def test_grpo_learns_toy_task_and_changes_parameters(tmp_path):
+    cfg = GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=30, prompts_per_step=4, samples_per_prompt=8,
+                     max_new_tokens=8, lr=3e-3, warmup_steps=0, eval_every=100, save_every=0)
+    before = {k: v.clone() for k, v in tiny_model_and_tokenizer()[0].state_dict().items()}
+    result = train(cfg, toy_task())
+    m = _metrics(tmp_path)
+    assert len(m) == 30
+    first, last = sum(x["reward/mean"] for x in m[:5]) / 5, sum(x["reward/mean"] for x in m[-5:]) / 5
+    assert last > first + 0.3, (first, last)
+    # on-policy (one optimizer step per batch): logged ratio exactly 1, nothing clipped
+    assert all(x["policy/ratio_min"] == 1.0 and x["policy/ratio_max"] == 1.0 for x in m)
+    assert all(x["policy/clip_frac"] == 0.0 for x in m)
+    from transformers import AutoModelForCausalLM
+
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "model").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert result["after"]["eval/greedy_acc"] >= 0.0
+    for name in ("config.json", "metrics.jsonl", "samples.jsonl", "eval.jsonl", "results.json", "eval_samples.jsonl"):
+        assert (tmp_path / name).is_file()
+
+
+def test_off_policy_minibatches_clip_and_kl_reference(tmp_path):
+    cfg = GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=3, prompts_per_step=2, samples_per_prompt=4,
+                     max_new_tokens=6, lr=1e-2, epochs=2, minibatch_size=4, kl_coef=0.1, eval_every=100,
+                     save_every=0)
+    train(cfg, toy_task())
+    m = _metrics(tmp_path)
+    assert any(x["policy/ratio_max"] != 1.0 for x in m)  # later minibatches are off-policy
+    assert all(x["loss/kl"] >= 0 for x in m) and any(x["loss/kl"] > 0 for x in m)
+
+
+def test_resume_continues_from_checkpoint(tmp_path):
+    base = dict(model="tiny", out_dir=str(tmp_path), prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6,
+                lr=1e-3, eval_every=100, save_every=2)
+    train(GRPOConfig(steps=3, **base), toy_task())  # checkpoint at step 2, then step 3
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    train(GRPOConfig(steps=5, resume=True, **base), toy_task())
+    steps = [x["step"] for x in _metrics(tmp_path)]
+    assert steps == [1, 2, 3, 3, 4, 5]  # resumed after the step-2 checkpoint: step 3 is redone
+
+
+def test_cli_train_and_eval(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "nanorl.cli", "train", "--model", "tiny", "--steps", "2", "--eval-size", "8",
+           "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "4", "--out-dir", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "held-out greedy accuracy" in r.stdout
+    saved = json.loads((out / "config.json").read_text())
+    assert saved == dataclasses.asdict(GRPOConfig(model="tiny", steps=2, eval_size=8, prompts_per_step=2,
+                                                  samples_per_prompt=2, max_new_tokens=4, out_dir=str(out)))
+    r = subprocess.run([sys.executable, "-m", "nanorl.cli", "eval", "--model", str(out / "model"), "--task",
+                        "arithmetic", "--eval-size", "8", "--k", "2", "--max-new-tokens", "4"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads(r.stdout[r.stdout.index("{"):])
+    assert set(metrics) >= {"eval/greedy_acc", "eval/pass@2"}

@@ -1,0 +1,79 @@
+import torch
+
+from nanorl.data import collate
+from nanorl.models import stop_token_ids, token_logprobs
+from nanorl.sampling import SamplingParams, generate, sample_token
+
+
+def _prompts(tok):
+    return [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"], tok("x")["input_ids"]]
+
+
+def test_deterministic_for_a_seed(tiny):
+    model, tok = tiny
+    p = SamplingParams(max_new_tokens=12)
+    a = generate(model, _prompts(tok), 4, p, stop_token_ids(model, tok), seed=3, pad_id=tok.pad_token_id)
+    b = generate(model, _prompts(tok), 4, p, stop_token_ids(model, tok), seed=3, pad_id=tok.pad_token_id)
+    c = generate(model, _prompts(tok), 4, p, stop_token_ids(model, tok), seed=4, pad_id=tok.pad_token_id)
+    assert a.completion_ids == b.completion_ids
+    assert a.completion_ids != c.completion_ids
+    assert len(a.completion_ids) == 12 and a.prompt_ids[4] == _prompts(tok)[1]
+
+
+def test_greedy_is_seed_independent(tiny):
+    model, tok = tiny
+    p = SamplingParams(max_new_tokens=8, temperature=0.0)
+    a = generate(model, _prompts(tok), 2, p, [], seed=1, pad_id=tok.pad_token_id)
+    b = generate(model, _prompts(tok), 2, p, [], seed=2, pad_id=tok.pad_token_id)
+    assert a.completion_ids == b.completion_ids
+
+
+def test_respects_max_new_tokens_and_stops_at_every_stop_id(tiny):
+    model, tok = tiny
+    p = SamplingParams(max_new_tokens=7)
+    out = generate(model, _prompts(tok), 8, p, [], seed=0, pad_id=tok.pad_token_id)
+    assert all(len(c) == 7 for c in out.completion_ids) and all(out.truncated)
+    # make two tokens overwhelmingly likely, then declare both stop ids: every row ends after one token
+    stops = [tok.convert_tokens_to_ids("a"), tok.eos_token_id]
+    with torch.no_grad():
+        bias = torch.full((model.config.vocab_size,), -30.0)
+        bias[stops] = 30.0
+        model.lm_head.bias = torch.nn.Parameter(bias)
+    out = generate(model, _prompts(tok), 8, SamplingParams(max_new_tokens=20), stops, seed=0, pad_id=tok.pad_token_id)
+    assert all(len(c) == 1 and c[0] in stops for c in out.completion_ids)
+    assert not any(out.truncated)
+    assert {c[0] for c in out.completion_ids} == set(stops)
+
+
+def test_sampler_logprobs_equal_model_logprobs(tiny):
+    model, tok = tiny
+    for temperature in (1.0, 0.7):
+        out = generate(model, _prompts(tok), 3, SamplingParams(max_new_tokens=10, temperature=temperature),
+                       stop_token_ids(model, tok), seed=5, pad_id=tok.pad_token_id)
+        batch = collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu")
+        ref, _ = token_logprobs(model, batch, temperature)
+        for i, lp in enumerate(out.logprobs):
+            assert torch.allclose(ref[i, :len(lp)], lp, atol=1e-4)
+
+
+def test_generation_config_defaults_do_not_change_sampling(tiny):
+    model, tok = tiny
+    p = SamplingParams(max_new_tokens=10)
+    a = generate(model, _prompts(tok), 4, p, [], seed=9, pad_id=tok.pad_token_id)
+    model.generation_config.top_k = 2
+    model.generation_config.repetition_penalty = 5.0
+    model.generation_config.temperature = 0.1
+    b = generate(model, _prompts(tok), 4, p, [], seed=9, pad_id=tok.pad_token_id)
+    assert a.completion_ids == b.completion_ids
+
+
+def test_top_k_and_top_p_truncate_sampling_not_logprobs():
+    logits = torch.tensor([[3.0, 2.0, 1.0, -5.0]])
+    gen = torch.Generator().manual_seed(0)
+    seen = {sample_token(logits, SamplingParams(top_k=2), gen)[0].item() for _ in range(200)}
+    assert seen == {0, 1}
+    probs = torch.softmax(logits, -1)[0]  # 0.665, 0.245, 0.090, 0.0002
+    seen = {sample_token(logits, SamplingParams(top_p=0.8), gen)[0].item() for _ in range(200)}
+    assert seen == {0, 1}  # smallest prefix with mass >= 0.8 is {0, 1}
+    token, lp = sample_token(logits, SamplingParams(top_k=1), gen)
+    assert token.item() == 0 and torch.allclose(lp, probs[0].log().unsqueeze(0))
