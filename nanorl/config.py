@@ -38,7 +38,7 @@ class GRPOConfig:
     eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
     # --- rollout
-    steps: int = _f(60, "optimizer-step rounds: one rollout batch each")
+    steps: int = _f(40, "optimizer-step rounds: one rollout batch each")
     prompts_per_step: int = _f(8, "distinct prompts per rollout batch")
     samples_per_prompt: int = _f(8, "completions sampled per prompt (the GRPO group size)")
     max_new_tokens: int = _f(32, "completion length cap; longer completions are marked truncated")
@@ -59,7 +59,7 @@ class GRPOConfig:
     minibatch_size: int = _f(0, "sequences per optimizer step (0 = whole batch, fully on-policy)")
     micro_batch_size: int = _f(16, "sequences per forward/backward (gradient accumulation; no effect on the math)")
     # --- eval, logging, checkpoints
-    eval_every: int = _f(20, "evaluate on the held-out split every N steps (and at start and end)")
+    eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
     save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = only at the end)")
     resume: bool = _f(False, "continue from the latest checkpoint in out_dir")

@@ -157,7 +157,9 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
-    first_eval = run_eval(start_step) if start_step == 0 else {}
+    # on resume the "before" numbers are the first eval of the original run
+    prior = (out / "eval.jsonl").read_text().splitlines() if resuming else []
+    first_eval = json.loads(prior[0]) if prior else run_eval(start_step)
     last_eval = first_eval
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="grpo",
                dynamic_ncols=True, disable=None)

@@ -192,13 +192,12 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
     from transformers import DynamicCache
 
     kw = cache_kwarg(model)
-    pmask, cmask, idx = batch.prompt_mask, batch.loss_mask.long(), batch.prompt_index
+    pmask, idx = batch.prompt_mask, batch.prompt_index
     ppos = (pmask.cumsum(-1) - 1).clamp(min=0)  # (k, P) left padding safe
     cache = DynamicCache()
     out = model(input_ids=batch.prompt_ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
                 logits_to_keep=1, **{kw: cache})
     first = out.logits[:, -1][idx]  # (b, V): predicts the first completion token
-    cache = getattr(out, "past_key_values", None) or cache
     cache.batch_select_indices(idx)  # (k, ...) -> (b, ...), differentiable indexing
     C = batch.completion_ids.shape[1]
     logits = first[:, None]  # (b, 1, V)

@@ -2,6 +2,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -102,3 +103,12 @@ def test_cli_train_and_eval(tmp_path):
     assert r.returncode == 0, r.stderr
     metrics = json.loads(r.stdout[r.stdout.index("{"):])
     assert set(metrics) >= {"eval/greedy_acc", "eval/pass@2"}
+
+
+def test_custom_reward_example_runs(tmp_path):
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "examples" / "custom_reward.py"), "--model", "tiny", "--steps", "2",
+                        "--prompts-per-step", "2", "--samples-per-prompt", "2", "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "held-out mean reward:" in r.stdout
+    assert len(_metrics(tmp_path)) == 2

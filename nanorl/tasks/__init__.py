@@ -75,8 +75,8 @@ def arithmetic(digits: int = 2, operators: str = "+", eval_size: int = 200, seed
 
 def jsonl_task(path: str | Path, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
                prompt_field: str = "prompt") -> Task:
-    """Rows of {"prompt": str or messages, <fields for the reward>...}; the last eval_size rows (after a
-    seeded shuffle) are held out."""
+    """Rows of {"prompt": str or messages, <fields for the reward>...}; after a seeded shuffle the first
+    eval_size rows (at most half the file) are held out and never trained on."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
