@@ -1,8 +1,14 @@
 """Advantages: pure functions from rewards to per-sequence advantages, each returning (values, stats).
 
-GRPO (DeepSeekMath, arXiv 2402.03300, eq. 3 / sec. 4.1.2): the advantage of sample i in a group of G
-samples of one prompt is (r_i - mean(r)) / std(r). Dr. GRPO (arXiv 2503.20783) drops the division by
-std, which up-weights nearly-solved and nearly-hopeless prompts in the original.
+rewards (N,) are ordered group by group: sample i belongs to prompt i // G.
+
+- GRPO (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2): A_i = (r_i - mean(r_group)) / std(r_group).
+- Dr. GRPO (arXiv 2503.20783, sec. 3.1): A_i = r_i - mean(r_group); the std division up-weights
+  nearly-solved and nearly-hopeless prompts.
+- RLOO (Ahmadian et al. 2024, arXiv 2402.14740, eq. 4): A_i = r_i - mean_{j != i} r_j, a baseline
+  that does not contain the sample itself, so the estimate stays unbiased.
+- REINFORCE++ (arXiv 2501.03262, sec. 3.2): A_i = (r_i - mean(r_batch)) / std(r_batch), one global
+  normalisation over the whole batch instead of per group.
 """
 
 from __future__ import annotations
@@ -10,16 +16,45 @@ from __future__ import annotations
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6):
-    """rewards (N,) ordered group by group -> advantages (N,), stats.
+def _centre(r: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+    """r - baseline, exactly 0 where all rewards of the row are equal (a float mean of 0.3s is not 0.3)."""
+    flat = (r.amax(dim=-1, keepdim=True) == r.amin(dim=-1, keepdim=True))
+    return torch.where(flat, torch.zeros_like(r), r - baseline)
 
-    std is the population std of the group (correction 0). A group whose rewards are all equal has
-    r_i - mean = 0 exactly, so its advantages are 0 (never NaN) and it contributes no gradient.
-    """
-    r = rewards.float().view(-1, group_size)  # (G_count, G)
-    centered = r - r.mean(dim=1, keepdim=True)  # (G_count, G)
-    std = r.std(dim=1, correction=0, keepdim=True)  # (G_count, 1)
-    adv = centered / (std + eps) if scale_by_std else centered
-    has_var = (std.squeeze(1) > 0).float()
-    stats = {"frac_groups_with_variance": has_var.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
-    return adv.view(-1), stats
+
+def _stats(r: torch.Tensor, adv: torch.Tensor) -> dict:
+    has_var = (r.amax(dim=1) > r.amin(dim=1)).float()  # r: (groups, G)
+    return {"frac_groups_with_variance": has_var.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6):
+    """GRPO / Dr. GRPO. std is the population std of the group (correction 0). A group whose rewards
+    are all equal gets advantage 0 exactly, so its advantages are 0 (never NaN)."""
+    r = rewards.float().view(-1, group_size)  # (groups, G)
+    centered = _centre(r, r.mean(dim=1, keepdim=True))
+    adv = centered / (r.std(dim=1, correction=0, keepdim=True) + eps) if scale_by_std else centered
+    return adv.view(-1), _stats(r, adv)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-6):
+    """RLOO: each sample's baseline is the mean reward of the *other* G - 1 samples of its group."""
+    if group_size < 2:
+        raise ValueError("config key 'samples_per_prompt': RLOO needs at least 2 samples per prompt")
+    r = rewards.float().view(-1, group_size)  # (groups, G)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)  # (groups, G) excludes sample i
+    adv = _centre(r, baseline)
+    if scale_by_std:
+        adv = adv / (r.std(dim=1, correction=0, keepdim=True) + eps)
+    return adv.view(-1), _stats(r, adv)
+
+
+def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6):
+    """REINFORCE++: subtract the batch mean and divide by the batch std (global normalisation)."""
+    r = rewards.float()
+    adv = _centre(r, r.mean())
+    if scale_by_std:
+        adv = adv / (r.std(correction=0) + eps)
+    return adv, _stats(r.view(-1, group_size), adv)
+
+
+ESTIMATORS = {"group": group_advantages, "rloo": rloo_advantages, "batch": batch_advantages}

@@ -2,6 +2,7 @@
 
     nanorl train [--config run.yaml] [--key value ...]   # GRPO; `nanorl train --help` lists every field
     nanorl eval --model PATH_OR_ID --task arithmetic [--k 8]
+    nanorl plot RUN_DIR [--out curve.png]                 # reward and held-out accuracy curves
 """
 
 from __future__ import annotations
@@ -55,8 +56,16 @@ def main(argv: list[str] | None = None) -> None:
             train(parse_args(GRPOConfig, rest, prog="nanorl train"))
         elif command == "eval":
             eval_main(rest)
+        elif command == "plot":
+            from nanorl.plot import plot_run
+
+            p = argparse.ArgumentParser(prog="nanorl plot", description="Plot a run folder's curves.")
+            p.add_argument("run_dir")
+            p.add_argument("--out", help="PNG path (default: RUN_DIR/curve.png)")
+            a = p.parse_args(rest)
+            print(plot_run(a.run_dir, a.out))
         else:
-            raise ConfigError(f"unknown command '{command}' (use train or eval)")
+            raise ConfigError(f"unknown command '{command}' (use train, eval or plot)")
     except (ConfigError, FileNotFoundError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)

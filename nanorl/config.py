@@ -45,10 +45,18 @@ class GRPOConfig:
     temperature: float = _f(1.0, "sampling temperature of rollouts (the policy is softmax(logits / T))")
     top_p: float = _f(1.0, "nucleus sampling threshold for rollouts (1.0 = off)")
     top_k: int = _f(0, "top-k sampling for rollouts (0 = off)")
-    # --- advantage and loss
-    scale_adv_by_std: bool = _f(True, "divide group-relative advantages by the group std (GRPO); False = Dr. GRPO")
-    clip_eps: float = _f(0.2, "PPO clip range: ratios outside [1-eps, 1+eps] are clipped")
-    kl_coef: float = _f(0.0, "weight of the k3 KL to a frozen reference model (0 = no reference model loaded)")
+    # --- algorithm (`--algo` picks a preset of the knobs below; explicit keys override it)
+    algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp (see README, Algorithms)")
+    adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out baseline) | batch (REINFORCE++ global norm)")
+    scale_adv_by_std: bool = _f(True, "divide advantages by the std (GRPO); False = Dr. GRPO")
+    loss_agg: str = _f("token", "token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO) loss normaliser")
+    ratio_level: str = _f("token", "importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
+    clip_low: float = _f(0.2, "clip ratios below 1 - clip_low (for negative advantages)")
+    clip_high: float = _f(0.2, "clip ratios above 1 + clip_high (for positive advantages); DAPO uses 0.28")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups with equal rewards and sample more prompts to refill")
+    overlong: str = _f("none", "truncated completions: none | filter (no loss on them) | soft (DAPO length penalty)")
+    kl_coef: float = _f(0.0, "weight of the KL-to-reference loss term (0 = no reference model loaded)")
+    kl_estimator: str = _f("k3", "KL estimator in the loss: k1 | k2 | k3 (see losses.kl_penalty)")
     # --- optimisation
     lr: float = _f(2e-5, "peak AdamW learning rate")
     lr_schedule: str = _f("constant", "after warmup: constant | cosine | linear (to 10% of peak)")
@@ -67,6 +75,22 @@ class GRPOConfig:
 
 class ConfigError(ValueError):
     pass
+
+
+# Each preset is a set of knob values; the loop never branches on the algorithm's name.
+PRESETS: dict[str, dict] = {
+    "grpo": {},  # DeepSeekMath arXiv 2402.03300, with the token-level loss (README, Algorithms)
+    "dr_grpo": {"scale_adv_by_std": False, "loss_agg": "constant"},  # arXiv 2503.20783
+    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "dynamic_sampling": True, "loss_agg": "token",
+             "overlong": "soft"},  # arXiv 2503.14476
+    "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071
+    "rloo": {"adv_estimator": "rloo", "scale_adv_by_std": False, "loss_agg": "sequence"},  # arXiv 2402.14740
+    "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
+}
+CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
+           "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
+           "kl_estimator": ("k1", "k2", "k3"), "lr_schedule": ("constant", "cosine", "linear"),
+           "algo": tuple(PRESETS)}
 
 
 def _convert(key: str, typ, value):
@@ -97,6 +121,10 @@ def from_dict(cls, values: dict):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     clean = {}
+    algo = str(values.get("algo", "grpo"))
+    if algo not in PRESETS:
+        raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
+    values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in names:
@@ -118,11 +146,21 @@ def validate(cfg: GRPOConfig) -> None:
             raise ConfigError(f"config key '{name}': must be > 0, got {getattr(cfg, name)}")
     if not 0 < cfg.top_p <= 1:
         raise ConfigError(f"config key 'top_p': must be in (0, 1], got {cfg.top_p}")
-    if cfg.lr_schedule not in ("constant", "cosine", "linear"):
-        raise ConfigError(f"config key 'lr_schedule': expected constant|cosine|linear, got {cfg.lr_schedule!r}")
+    changed = [k for k, v in PRESETS.get(cfg.algo, {}).items() if v != getattr(GRPOConfig, k)]
+    if changed and all(getattr(cfg, k) == getattr(GRPOConfig, k) for k in changed):
+        raise ConfigError(f"config key 'algo': {cfg.algo!r} is a preset; build it with "
+                          f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)")
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"config key '{name}': expected {'|'.join(allowed)}, got {getattr(cfg, name)!r}")
     batch = cfg.prompts_per_step * cfg.samples_per_prompt
     if cfg.minibatch_size and batch % cfg.minibatch_size:
         raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
+
+
+def preset(algo: str, **overrides) -> GRPOConfig:
+    """GRPOConfig for a named algorithm, e.g. preset("dapo", steps=20), from Python."""
+    return from_dict(GRPOConfig, {"algo": algo, **overrides})
 
 
 def to_dict(cfg) -> dict:

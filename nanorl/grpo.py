@@ -30,13 +30,13 @@ import torch
 from tqdm.auto import tqdm
 
 from nanorl import checkpoint
-from nanorl.advantages import group_advantages
+from nanorl.advantages import ESTIMATORS
 from nanorl.config import GRPOConfig, to_dict, validate
 from nanorl.data import collate, render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.log import RunLog
-from nanorl.losses import kl_k3, policy_loss, token_sum
+from nanorl.losses import kl_penalty, loss_weights, policy_loss
 from nanorl.models import load_model, resolve_device, resolve_dtype, stop_token_ids, token_logprobs
 from nanorl.sampling import SamplingParams, generate
 from nanorl.tasks import Task, get_task
@@ -63,12 +63,13 @@ def backward_minibatch(policy, ref, roll, adv, mb: list[int], cfg: GRPOConfig, o
                        device) -> dict:
     """Accumulate the gradient of one minibatch (rows `mb` of the rollout), micro-batch by micro-batch.
 
-    The loss is a token sum divided by the token count of the whole minibatch, so the gradient is the
-    same for any micro_batch_size. Rows with zero advantage are skipped when there is no KL term:
-    their loss is exactly 0 (the normaliser still counts their tokens). Returns token sums for metrics.
+    The loss weights count tokens and sequences of the whole minibatch (`losses.loss_weights`), so the
+    gradient is the same for any micro_batch_size. Rows with zero advantage are skipped when there is
+    no KL term: their loss is exactly 0 (the counts still include them). Returns sums for metrics.
     """
-    lengths = [len(roll.completion_ids[i]) for i in mb]
-    n_tokens = sum(lengths)  # the global normaliser of this minibatch
+    if cfg.overlong == "filter":  # DAPO overlong filtering: truncated completions carry no loss at all
+        mb = [i for i in mb if not roll.truncated[i]]
+    n_tokens, n_seqs = sum(len(roll.completion_ids[i]) for i in mb), len(mb)  # counts of the whole minibatch
     rows = [i for i in mb if adv[i] != 0 or ref is not None]
     rows.sort(key=lambda i: len(roll.completion_ids[i]))  # similar lengths share a micro-batch: less padding
     stats = {"loss": 0.0, "tokens": 0, "ratio": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0,
@@ -80,14 +81,15 @@ def backward_minibatch(policy, ref, roll, adv, mb: list[int], cfg: GRPOConfig, o
         mask, sampler_logp = mb_batch.loss_mask, mb_batch.extra["old"]  # (b, C)
         logp, entropy = token_logprobs(policy, mb_batch, cfg.temperature, with_entropy=True)  # (b, C)
         old = logp.detach() if on_policy else sampler_logp  # on-policy: ratio exactly 1, no extra forward
-        per_token, st = policy_loss(logp, old, adv[idx].to(device)[:, None], cfg.clip_eps)  # (b, C)
+        per_token, st = policy_loss(logp, old, adv[idx].to(device)[:, None], mask, cfg.clip_low, cfg.clip_high,
+                                    cfg.ratio_level)  # (b, C)
         kl = torch.zeros_like(logp)
         if ref is not None:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(ref, mb_batch, cfg.temperature)
-            kl = kl_k3(logp, ref_logp)
+            kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
             per_token = per_token + cfg.kl_coef * kl
-        loss = token_sum(per_token, mask, n_tokens)
+        loss = (loss_weights(mask, cfg.loss_agg, n_tokens, n_seqs, cfg.max_new_tokens) * per_token).sum()
         loss.backward()
         m = mask.bool()
         stats["loss"] += loss.item()
@@ -178,7 +180,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         t2 = time.perf_counter()
 
         # -------------------------------------------------------------- advantage
-        adv, adv_stats = group_advantages(rewards, G, cfg.scale_adv_by_std)  # (N,)
+        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](rewards, G, cfg.scale_adv_by_std)  # (N,)
 
         # -------------------------------------------------------------- update
         sums: dict = {}

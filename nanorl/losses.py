@@ -1,9 +1,8 @@
-"""Losses: pure per-token functions plus the one normalizer, each documented against its paper.
+"""Losses: pure per-token functions plus the weights that aggregate them, each cited to its paper.
 
 All tensors are (B, C): B sequences, C completion positions; `mask` is 1 on completion tokens.
-Per-token losses are summed and divided by one *global* token count (the whole minibatch, not the
-micro-batch), so the gradient does not depend on how a minibatch is split for accumulation (DAPO's
-"token-level" loss, arXiv 2503.14476 sec. 3.3).
+The minibatch loss is sum(weights * per_token_loss); the weights divide by counts of the *whole*
+minibatch (never the micro-batch), so the gradient is the same however the minibatch is split.
 """
 
 from __future__ import annotations
@@ -11,30 +10,60 @@ from __future__ import annotations
 import torch
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float):
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                clip_low: float, clip_high: float, ratio_level: str = "token"):
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a per-token loss to minimise.
 
-    loss_t = max(-A * r_t, -A * clip(r_t, 1 - eps, 1 + eps)),  r_t = exp(logp_t - old_logp_t).
-    Clipping binds only outside [1 - eps, 1 + eps] and only in the direction the sign of A rewards:
-    r > 1 + eps for A > 0, r < 1 - eps for A < 0. There the gradient is zero.
-    logp, old_logp (B, C); adv (B, 1) or (B, C). Returns loss (B, C) and per-token stats (B, C).
+    loss_t = max(-A * r_t, -A * clip(r_t, 1 - clip_low, 1 + clip_high)),  r_t = exp(logp_t - old_logp_t).
+    Clipping binds only outside the range and only in the direction the sign of A rewards:
+    r > 1 + clip_high for A > 0, r < 1 - clip_low for A < 0; there the gradient is zero.
+    clip_low != clip_high is DAPO's "clip-higher" (arXiv 2503.14476, eq. 10).
+    ratio_level="sequence" is GSPO (arXiv 2507.18071, eq. 7): one ratio per sequence,
+    s_i = exp(mean_t(logp_t - old_logp_t)), the length-normalised sequence likelihood ratio.
+    logp, old_logp, mask (B, C); adv (B, 1). Returns loss (B, C) and per-token stats (B, C).
     """
-    ratio = torch.exp(logp - old_logp)  # (B, C)
+    log_ratio = logp - old_logp  # (B, C)
+    if ratio_level == "sequence":
+        seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+        log_ratio = seq.expand_as(logp)
+    ratio = torch.exp(log_ratio)  # (B, C)
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)  # (B, C)
     stats = {"ratio": ratio.detach(), "clipped": (clipped > unclipped).float().detach()}
     return loss, stats
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(pi || pi_ref) per token (Schulman, "Approximating KL divergence", 2020;
-    GRPO eq. 4): exp(ref - logp) - (ref - logp) - 1 >= 0, and 0 where the two agree.
-    The log-ratio is clamped to [-20, 20] so one token cannot overflow the loss."""
-    log_ratio = torch.clamp(ref_logp - logp, -20.0, 20.0)
-    return torch.exp(log_ratio) - log_ratio - 1.0
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimators of KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL
+    divergence", 2020), with log r = ref_logp - logp:
+      k1 = -log r                  unbiased, can be negative
+      k2 = (log r)^2 / 2           biased, >= 0; as a loss its gradient on-policy is the reverse-KL gradient
+      k3 = r - 1 - log r           unbiased, >= 0 (GRPO eq. 4); as a loss its gradient is biased
+                                   (arXiv 2510.01555); k1 placed in the reward is the exact alternative
+    All are 0 where the policies agree. log r is clamped to [-20, 20] so no token can overflow the loss."""
+    log_r = torch.clamp(ref_logp - logp, -20.0, 20.0)
+    if kind == "k1":
+        return -log_r
+    if kind == "k2":
+        return 0.5 * log_r**2
+    if kind == "k3":
+        return torch.exp(log_r) - 1.0 - log_r
+    raise ValueError(f"config key 'kl_estimator': expected k1|k2|k3, got {kind!r}")
 
 
-def token_sum(per_token: torch.Tensor, mask: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Sum of per-token values over the mask, divided by the global token count of the minibatch."""
-    return (per_token * mask).sum() / max(n_tokens, 1)
+def loss_weights(mask: torch.Tensor, mode: str, n_tokens: int, n_seqs: int, max_len: int) -> torch.Tensor:
+    """Per-token weights (B, C) that turn a per-token loss into the minibatch loss.
+
+    token:    1 / (tokens in the minibatch)                    DAPO token-level loss (arXiv 2503.14476, eq. 12)
+    sequence: 1 / (len_i * sequences in the minibatch)         GRPO's per-sequence mean (arXiv 2402.03300, eq. 3)
+    constant: 1 / (max_new_tokens * sequences in the minibatch) Dr. GRPO (arXiv 2503.20783, eq. 3)
+    n_tokens, n_seqs are counts of the whole minibatch, so micro-batching does not change the gradient.
+    """
+    if mode == "token":
+        return mask / max(n_tokens, 1)
+    if mode == "sequence":
+        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * max(n_seqs, 1))
+    if mode == "constant":
+        return mask / (max_len * max(n_seqs, 1))
+    raise ValueError(f"config key 'loss_agg': expected token|sequence|constant, got {mode!r}")

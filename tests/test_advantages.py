@@ -39,3 +39,45 @@ def test_matches_per_group_loop():
         std = (sum((x - mean) ** 2 for x in grp) / 5) ** 0.5
         for j, x in enumerate(grp):
             assert abs(adv[k * 5 + j].item() - (x - mean) / (std + 1e-6)) < 1e-5
+
+
+def test_rloo_baseline_excludes_the_sample_itself():
+    from nanorl.advantages import rloo_advantages
+
+    r = torch.tensor([1.0, 0, 0, 1, 3, 3, 3, 3])
+    adv, stats = rloo_advantages(r, 4)
+    # sample 0: baseline mean(0, 0, 1) = 1/3 -> 2/3; sample 1: baseline mean(1, 0, 1) = 2/3 -> -2/3
+    assert torch.allclose(adv[:4], torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    assert torch.equal(adv[4:], torch.zeros(4))  # no variance, no signal, no NaN
+    assert stats["frac_groups_with_variance"] == 0.5
+    g = torch.Generator().manual_seed(1)
+    r = torch.rand(12, generator=g)
+    adv, _ = rloo_advantages(r, 6)
+    for i in range(12):
+        grp = r[(i // 6) * 6:(i // 6 + 1) * 6].tolist()
+        others = grp[:i % 6] + grp[i % 6 + 1:]
+        assert abs(adv[i].item() - (r[i].item() - sum(others) / 5)) < 1e-6
+    # RLOO's advantage is the group-centred one scaled by G / (G - 1)
+    centred, _ = group_advantages(r, 6, scale_by_std=False)
+    assert torch.allclose(adv, centred * 6 / 5, atol=1e-6)
+
+
+def test_reinforce_pp_normalises_over_the_whole_batch():
+    from nanorl.advantages import batch_advantages
+
+    r = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0])  # no group has variance, the batch does
+    adv, stats = batch_advantages(r, 4, eps=0.0)
+    assert torch.allclose(adv, torch.tensor([1.0, 1, 1, 1, -1, -1, -1, -1]))
+    assert stats["frac_groups_with_variance"] == 0.0
+    adv, _ = batch_advantages(torch.full((8,), 0.3), 4)
+    assert torch.equal(adv, torch.zeros(8))
+
+
+def test_equal_non_dyadic_rewards_are_exactly_zero_for_every_estimator():
+    from nanorl.advantages import ESTIMATORS
+
+    r = torch.full((12,), 0.3)  # the float mean of 0.3s is not exactly 0.3
+    for name, fn in ESTIMATORS.items():
+        for scale in (True, False):
+            adv, _ = fn(r, 4, scale)
+            assert torch.equal(adv, torch.zeros(12)), (name, scale)

@@ -112,3 +112,15 @@ def test_custom_reward_example_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "held-out mean reward:" in r.stdout
     assert len(_metrics(tmp_path)) == 2
+
+
+def test_plot_writes_png(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from nanorl.plot import plot_run
+
+    train(GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=2, prompts_per_step=2, samples_per_prompt=2,
+                     max_new_tokens=4, eval_every=1, save_every=0), toy_task())
+    png = plot_run(tmp_path)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

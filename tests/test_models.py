@@ -1,0 +1,100 @@
+"""Model loading: a .gguf file is converted once to a cached safetensors folder with equal logits."""
+
+import numpy as np
+import pytest
+import torch
+
+from nanorl.models import load_model, stop_token_ids
+
+gguf = pytest.importorskip("gguf")
+
+
+def byte_level_alphabet() -> list[str]:
+    """The 256 printable stand-ins byte-level BPE uses for bytes (printable latin-1 bytes stand for
+    themselves; the rest are shifted to code points from 256 on)."""
+    keep = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+def write_tiny_gguf(path, hidden=64, layers=2, heads=4, kv_heads=2, ffn=128):
+    """A random 2-layer Llama with a byte-level BPE tokenizer, written as an fp32 GGUF file."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    byte_chars = byte_level_alphabet()
+    tokens = specials + byte_chars + ["ab", "Ġt"]
+    merges = ["a b", "Ġ t"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    rng = np.random.default_rng(0)
+
+    def t(name, *shape):
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    t("token_embd.weight", len(tokens), hidden)
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        t(f"blk.{i}.attn_q.weight", hidden, hidden)
+        t(f"blk.{i}.attn_k.weight", hidden // heads * kv_heads, hidden)
+        t(f"blk.{i}.attn_v.weight", hidden // heads * kv_heads, hidden)
+        t(f"blk.{i}.attn_output.weight", hidden, hidden)
+        t(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        t(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        t(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_file_converts_once_and_matches(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    pytest.importorskip("accelerate")
+    monkeypatch.setenv("NANORL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    model, tok = load_model(str(path))
+    cached = list((tmp_path / "cache" / "gguf").glob("*/model.safetensors"))
+    assert len(cached) == 1 and not hasattr(model.config, "quantization_config")
+    direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ids = torch.tensor([tok("ab tab")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, direct(ids).logits, atol=1e-5)
+    assert tok.pad_token_id == tok.eos_token_id == 2 and 2 in stop_token_ids(model, tok)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    mtime = cached[0].stat().st_mtime_ns
+    load_model(str(path))  # second load: from the cache, nothing rewritten
+    assert cached[0].stat().st_mtime_ns == mtime
+
+
+def test_missing_model_paths_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.gguf"):
+        load_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match="no_such_folder"):
+        load_model(str(tmp_path / "no_such_folder"))
