@@ -2,6 +2,9 @@
 
     nanorl train [--config run.yaml] [--key value ...]   # GRPO; `nanorl train --help` lists every field
     nanorl eval --model PATH_OR_ID --task arithmetic [--k 8]
+    nanorl dpo [--data prefs.jsonl] [--key value ...]     # DPO / IPO / hinge on preference pairs
+    nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
+    nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
     nanorl plot RUN_DIR [--out curve.png]                 # reward and held-out accuracy curves
 """
 
@@ -11,7 +14,9 @@ import argparse
 import json
 import sys
 
-from nanorl.config import ConfigError, GRPOConfig, parse_args
+from nanorl.config import ConfigError, DPOConfig, GRPOConfig, RMConfig, SFTConfig, parse_args
+
+OFFLINE = {"dpo": ("nanorl.dpo", DPOConfig), "sft": ("nanorl.sft", SFTConfig), "rm": ("nanorl.reward_model", RMConfig)}
 
 
 def eval_main(argv: list[str]) -> None:
@@ -54,6 +59,11 @@ def main(argv: list[str] | None = None) -> None:
             from nanorl.grpo import train
 
             train(parse_args(GRPOConfig, rest, prog="nanorl train"))
+        elif command in OFFLINE:
+            import importlib
+
+            module, cls = OFFLINE[command]
+            importlib.import_module(module).train(parse_args(cls, rest, prog=f"nanorl {command}"))
         elif command == "eval":
             eval_main(rest)
         elif command == "plot":
@@ -65,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             a = p.parse_args(rest)
             print(plot_run(a.run_dir, a.out))
         else:
-            raise ConfigError(f"unknown command '{command}' (use train, eval or plot)")
+            raise ConfigError(f"unknown command '{command}' (use train, dpo, sft, rm, eval or plot)")
     except (ConfigError, FileNotFoundError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -53,10 +53,12 @@ class GRPOConfig:
     ratio_level: str = _f("token", "importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
     clip_low: float = _f(0.2, "clip ratios below 1 - clip_low (for negative advantages)")
     clip_high: float = _f(0.2, "clip ratios above 1 + clip_high (for positive advantages); DAPO uses 0.28")
-    dynamic_sampling: bool = _f(False, "DAPO: drop groups with equal rewards and sample more prompts to refill")
-    overlong: str = _f("none", "truncated completions: none | filter (no loss on them) | soft (DAPO length penalty)")
-    kl_coef: float = _f(0.0, "weight of the KL-to-reference loss term (0 = no reference model loaded)")
-    kl_estimator: str = _f("k3", "KL estimator in the loss: k1 | k2 | k3 (see losses.kl_penalty)")
+    dynamic_sampling: int = _f(0, "DAPO: drop groups with equal rewards, refill with up to N extra rollout rounds (0 = off)")
+    overlong: str = _f("none", "long completions: none | filter (no loss on truncated ones) | soft (DAPO length penalty)")
+    overlong_buffer: int = _f(0, "soft overlong: penalty ramps 0 -> -1 over the last N new tokens (0 = a quarter)")
+    kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
+    kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3 (see losses.kl_penalty for which gradient each gives)")
+    kl_placement: str = _f("loss", "KL as a loss term (GRPO) or as a detached penalty on the reward (PPO-RLHF)")
     # --- optimisation
     lr: float = _f(2e-5, "peak AdamW learning rate")
     lr_schedule: str = _f("constant", "after warmup: constant | cosine | linear (to 10% of peak)")
@@ -73,15 +75,91 @@ class GRPOConfig:
     resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
 
 
+@dataclass
+class OfflineConfig:
+    """Shared by the offline trainers: DPO, SFT and the reward model."""
+
+    out_dir: str = _f("runs/offline", "run folder: config, metrics.jsonl, eval results, final model")
+    seed: int = _f(0, "seed for the data order and the split")
+    device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', ...")
+    dtype: str = _f("auto", "'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'")
+    model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
+    data: str = _f("builtin:arithmetic", "JSONL of {prompt, chosen, rejected} rows, or builtin:arithmetic (ships with nanorl)")
+    eval_fraction: float = _f(0.2, "fraction of the rows held out for evaluation (never trained on)")
+    system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
+    max_length: int = _f(256, "prompt + reply tokens; longer replies are cut (counted in the metrics)")
+    epochs: int = _f(1, "passes over the training rows")
+    batch_size: int = _f(16, "rows per optimizer step")
+    micro_batch_size: int = _f(16, "rows per forward/backward (gradient accumulation; no effect on the math)")
+    lr: float = _f(5e-6, "peak AdamW learning rate")
+    lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear (to 10% of peak)")
+    warmup_steps: int = _f(2, "linear warmup steps")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
+    eval_every: int = _f(10, "evaluate on the held-out rows every N steps (and at start and end)")
+    # --- generative trainers (DPO, SFT) also report greedy accuracy on a task
+    task: str = _f("arithmetic", "also measure greedy accuracy on this task's held-out split ('' = off)")
+    eval_size: int = _f(200, "held-out task prompts for that accuracy")
+    max_new_tokens: int = _f(32, "completion cap for that accuracy")
+
+
+@dataclass
+class DPOConfig(OfflineConfig):
+    """DPO on preference pairs (Rafailov et al. 2023, arXiv 2305.18290), with IPO and hinge variants."""
+
+    out_dir: str = _f("runs/dpo", "run folder: config, metrics.jsonl, eval results, final model")
+    loss: str = _f("sigmoid", "sigmoid (DPO) | ipo (Azar et al. 2023) | hinge (SLiC-HF)")
+    beta: float = _f(0.1, "strength of the implicit KL to the reference (the starting model)")
+    label_smoothing: float = _f(0.0, "conservative DPO: assumed fraction of flipped labels (sigmoid loss only)")
+
+
+@dataclass
+class SFTConfig(OfflineConfig):
+    """Supervised fine-tuning on prompt/reply pairs or chat transcripts; loss on reply tokens only."""
+
+    out_dir: str = _f("runs/sft", "run folder: config, metrics.jsonl, eval results, final model")
+    data: str = _f("builtin:arithmetic", "JSONL of {prompt, completion} or {messages} rows; a preference "
+                   "file trains on its chosen replies")
+    lr: float = _f(2e-5, "peak AdamW learning rate")
+
+
+@dataclass
+class RMConfig(OfflineConfig):
+    """A Bradley-Terry reward model: a scalar head on a causal LM backbone, trained on preference pairs."""
+
+    out_dir: str = _f("runs/rm", "run folder: config, metrics.jsonl, eval results, the reward model")
+    lr: float = _f(2e-5, "peak AdamW learning rate")
+    task: str = _f("", "unused: a reward model does not generate")
+
+
 class ConfigError(ValueError):
     pass
+
+
+def validate_offline(cfg: OfflineConfig) -> None:
+    for name in ["max_length", "epochs", "batch_size", "micro_batch_size", "eval_every", "eval_size",
+                 "max_new_tokens"]:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
+    if cfg.lr <= 0:
+        raise ConfigError(f"config key 'lr': must be > 0, got {cfg.lr}")
+    if not 0 < cfg.eval_fraction < 1:
+        raise ConfigError(f"config key 'eval_fraction': must be in (0, 1), got {cfg.eval_fraction}")
+    if cfg.lr_schedule not in CHOICES["lr_schedule"]:
+        raise ConfigError(f"config key 'lr_schedule': expected constant|cosine|linear, got {cfg.lr_schedule!r}")
+    if isinstance(cfg, DPOConfig):
+        if cfg.loss not in ("sigmoid", "ipo", "hinge"):
+            raise ConfigError(f"config key 'loss': expected sigmoid|ipo|hinge, got {cfg.loss!r}")
+        if cfg.beta <= 0 or not 0 <= cfg.label_smoothing < 0.5:
+            raise ConfigError(f"config keys 'beta' > 0 and 0 <= 'label_smoothing' < 0.5, got {cfg.beta}, "
+                              f"{cfg.label_smoothing}")
 
 
 # Each preset is a set of knob values; the loop never branches on the algorithm's name.
 PRESETS: dict[str, dict] = {
     "grpo": {},  # DeepSeekMath arXiv 2402.03300, with the token-level loss (README, Algorithms)
     "dr_grpo": {"scale_adv_by_std": False, "loss_agg": "constant"},  # arXiv 2503.20783
-    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "dynamic_sampling": True, "loss_agg": "token",
+    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "dynamic_sampling": 3, "loss_agg": "token",
              "overlong": "soft"},  # arXiv 2503.14476
     "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071
     "rloo": {"adv_estimator": "rloo", "scale_adv_by_std": False, "loss_agg": "sequence"},  # arXiv 2402.14740
@@ -89,7 +167,8 @@ PRESETS: dict[str, dict] = {
 }
 CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
-           "kl_estimator": ("k1", "k2", "k3"), "lr_schedule": ("constant", "cosine", "linear"),
+           "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"),
+           "lr_schedule": ("constant", "cosine", "linear"),
            "algo": tuple(PRESETS)}
 
 
@@ -121,10 +200,11 @@ def from_dict(cls, values: dict):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     clean = {}
-    algo = str(values.get("algo", "grpo"))
-    if algo not in PRESETS:
-        raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
-    values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
+    if "algo" in names:
+        algo = str(values.get("algo", "grpo"))
+        if algo not in PRESETS:
+            raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
+        values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in names:
@@ -135,8 +215,10 @@ def from_dict(cls, values: dict):
     return cfg
 
 
-def validate(cfg: GRPOConfig) -> None:
+def validate(cfg) -> None:
     """Cheap sanity checks, run before any model is loaded."""
+    if isinstance(cfg, OfflineConfig):
+        return validate_offline(cfg)
     positive = ["steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size"]
     for name in positive:
         if getattr(cfg, name) < 1:
@@ -153,6 +235,11 @@ def validate(cfg: GRPOConfig) -> None:
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"config key '{name}': expected {'|'.join(allowed)}, got {getattr(cfg, name)!r}")
+    if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
+        raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
+                          f"got {cfg.overlong_buffer}")
+    if cfg.dynamic_sampling < 0:
+        raise ConfigError(f"config key 'dynamic_sampling': must be >= 0 extra rounds, got {cfg.dynamic_sampling}")
     batch = cfg.prompts_per_step * cfg.samples_per_prompt
     if cfg.minibatch_size and batch % cfg.minibatch_size:
         raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")

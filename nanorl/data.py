@@ -69,3 +69,13 @@ def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
         extra[name] = out.to(device)
     return Batch(prompt_ids.to(device), prompt_mask.to(device), prompt_index.to(device), completion_ids.to(device),
                  loss_mask.to(device), extra)
+
+
+def encode_reply(tok, prompt, reply: str, system_prompt: str, max_length: int) -> tuple[list[int], list[int], bool]:
+    """(prompt ids, reply ids ending in EOS, whether the reply was cut to fit max_length tokens)."""
+    p = render_prompt(tok, prompt, system_prompt)
+    if len(p) >= max_length:
+        raise ValueError(f"config key 'max_length': a prompt of {len(p)} tokens leaves no room for a reply "
+                         f"(max_length {max_length}): {str(prompt)[:80]!r}")
+    r = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return p, r[:max_length - len(p)], len(p) + len(r) > max_length

@@ -6,13 +6,16 @@
 
 Each step: rollout (sample G completions for each of P prompts) -> reward -> group-relative
 advantage -> clipped policy-gradient update (DeepSeekMath, arXiv 2402.03300, eq. 3).
+The variants (Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++; `--algo`, config.PRESETS) are settings of
+this same loop: an advantage estimator, a loss normaliser, clip ranges, a ratio level, dynamic
+sampling and an overlong rule, each one small function.
 
 Deviations from the paper, each deliberate:
 1. Token-level loss with one global normaliser per minibatch (DAPO, arXiv 2503.14476) instead of a
    per-sequence mean, so long and short completions weigh by their tokens and micro-batching does
    not change the gradient.
 2. kl_coef defaults to 0 (no reference model at all), as in DAPO and Dr. GRPO; with kl_coef > 0 the
-   k3 estimator of the paper's eq. 4 is added to the loss.
+   k3 estimator of the paper's eq. 4 is added to the loss (kl_estimator / kl_placement change that).
 3. Dropout is off during the update (models stay in eval mode), so an on-policy ratio is exactly 1.
 4. Sequences whose advantage is 0 (groups with equal rewards) are not run through the update when
    kl_coef = 0: their gradient is exactly 0, and the token normaliser still counts them.
@@ -37,6 +40,7 @@ from nanorl.evaluate import evaluate
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.log import RunLog
 from nanorl.losses import kl_penalty, loss_weights, policy_loss
+from nanorl.rewards import overlong_penalty
 from nanorl.models import load_model, resolve_device, resolve_dtype, stop_token_ids, token_logprobs
 from nanorl.sampling import SamplingParams, generate
 from nanorl.tasks import Task, get_task
@@ -59,6 +63,30 @@ def score(task: Task, example, completion: str) -> float:
                            f"with completion {completion!r}: {e!r}") from e
 
 
+def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
+    """Indices of the groups whose rewards are not all equal (the only ones with a learning signal)."""
+    r = rewards.view(-1, group_size)  # (groups, G)
+    return (r.amax(dim=1) > r.amin(dim=1)).nonzero().flatten().tolist()
+
+
+def rows_batch(roll, idx, pad_id: int, device):
+    """A training Batch of rollout rows `idx`, with the sampler's log-probs as extra["old"]."""
+    return collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device,
+                   {"old": [roll.logprobs[i] for i in idx]})
+
+
+@torch.no_grad()
+def sequence_kl(ref, roll, cfg: GRPOConfig, pad_id: int, device) -> torch.Tensor:
+    """Per-sequence sum of the per-token KL estimate between the rollout policy and the reference (N,)."""
+    out = []
+    for s in range(0, len(roll.completion_ids), cfg.micro_batch_size):
+        idx = range(s, min(s + cfg.micro_batch_size, len(roll.completion_ids)))
+        b = rows_batch(roll, idx, pad_id, device)
+        ref_logp, _ = token_logprobs(ref, b, cfg.temperature)  # (b, C)
+        out.append((kl_penalty(b.extra["old"], ref_logp, cfg.kl_estimator) * b.loss_mask).sum(-1).cpu())
+    return torch.cat(out)
+
+
 def backward_minibatch(policy, ref, roll, adv, mb: list[int], cfg: GRPOConfig, on_policy: bool, pad_id: int,
                        device) -> dict:
     """Accumulate the gradient of one minibatch (rows `mb` of the rollout), micro-batch by micro-batch.
@@ -70,21 +98,21 @@ def backward_minibatch(policy, ref, roll, adv, mb: list[int], cfg: GRPOConfig, o
     if cfg.overlong == "filter":  # DAPO overlong filtering: truncated completions carry no loss at all
         mb = [i for i in mb if not roll.truncated[i]]
     n_tokens, n_seqs = sum(len(roll.completion_ids[i]) for i in mb), len(mb)  # counts of the whole minibatch
-    rows = [i for i in mb if adv[i] != 0 or ref is not None]
+    kl_in_loss = ref is not None and cfg.kl_placement == "loss"
+    rows = [i for i in mb if adv[i] != 0 or kl_in_loss]
     rows.sort(key=lambda i: len(roll.completion_ids[i]))  # similar lengths share a micro-batch: less padding
     stats = {"loss": 0.0, "tokens": 0, "ratio": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0,
              "logp_diff": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf")}
     for start in range(0, len(rows), cfg.micro_batch_size):
         idx = rows[start:start + cfg.micro_batch_size]
-        mb_batch = collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id,
-                           device, {"old": [roll.logprobs[i] for i in idx]})
+        mb_batch = rows_batch(roll, idx, pad_id, device)
         mask, sampler_logp = mb_batch.loss_mask, mb_batch.extra["old"]  # (b, C)
         logp, entropy = token_logprobs(policy, mb_batch, cfg.temperature, with_entropy=True)  # (b, C)
         old = logp.detach() if on_policy else sampler_logp  # on-policy: ratio exactly 1, no extra forward
         per_token, st = policy_loss(logp, old, adv[idx].to(device)[:, None], mask, cfg.clip_low, cfg.clip_high,
                                     cfg.ratio_level)  # (b, C)
         kl = torch.zeros_like(logp)
-        if ref is not None:
+        if kl_in_loss:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(ref, mb_batch, cfg.temperature)
             kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
@@ -159,6 +187,19 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
+    def rollout_and_score(examples, seed: int, timer: dict):
+        """Sample G completions per example and score them with the task's reward."""
+        t = time.perf_counter()
+        prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
+        roll = generate(policy, prompts, G, params, stops, seed=seed, pad_id=pad_id)
+        timer["rollout"] += time.perf_counter() - t
+        timer["tokens"] += sum(len(c) for c in roll.completion_ids)
+        t = time.perf_counter()
+        texts = [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
+        rewards = torch.tensor([score(task, examples[i // G], texts[i]) for i in range(len(texts))])  # (N,)
+        timer["reward"] += time.perf_counter() - t
+        return roll, texts, rewards
+
     # on resume the "before" numbers are the first eval of the original run
     prior = (out / "eval.jsonl").read_text().splitlines() if resuming else []
     first_eval = json.loads(prior[0]) if prior else run_eval(start_step)
@@ -166,21 +207,39 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="grpo",
                dynamic_ncols=True, disable=None)
     for step in bar:
-        # -------------------------------------------------------------- rollout
-        t0 = time.perf_counter()
+        # -------------------------------------------------------------- rollout + reward
+        t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
         examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
-        prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
-        roll = generate(policy, prompts, G, params, stops, seed=cfg.seed * 1_000_003 + step, pad_id=pad_id)
+        roll, texts, rewards = rollout_and_score(examples, cfg.seed * 1_000_003 + step, timer)  # rewards (N,)
+        first_rewards, refills = rewards, 0
+        while cfg.dynamic_sampling:  # DAPO eq. 11: keep only groups whose rewards differ; refill the batch
+            keep = informative_groups(rewards, G)
+            if len(keep) >= cfg.prompts_per_step or refills == cfg.dynamic_sampling:
+                if keep:  # a full batch, or the informative part of it when the refills ran out
+                    keep = keep[:cfg.prompts_per_step]
+                    examples = [examples[g] for g in keep]
+                    roll, rewards = roll.groups(keep), rewards.view(-1, G)[keep].reshape(-1)
+                    texts = [texts[g * G + j] for g in keep for j in range(G)]
+                break
+            refills += 1
+            more = [task.train[i] for i in random.Random(cfg.seed * 9_973 + step * 101 + refills).sample(
+                range(len(task.train)), cfg.prompts_per_step)]
+            r2, t2, rw2 = rollout_and_score(more, cfg.seed * 1_000_003 + step + refills * 7_777_777, timer)
+            examples, roll, texts, rewards = examples + more, roll + r2, texts + t2, torch.cat([rewards, rw2])
+        batch = len(roll.completion_ids)
         lengths = [len(c) for c in roll.completion_ids]
-        t1 = time.perf_counter()
-
-        # -------------------------------------------------------------- reward
-        texts = [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
-        rewards = torch.tensor([score(task, examples[i // G], texts[i]) for i in range(batch)])  # (N,)
         t2 = time.perf_counter()
 
         # -------------------------------------------------------------- advantage
-        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](rewards, G, cfg.scale_adv_by_std)  # (N,)
+        shaped = rewards
+        if cfg.overlong == "soft":  # DAPO eq. 13: a length penalty on top of the task reward
+            buffer = cfg.overlong_buffer or max(1, cfg.max_new_tokens // 4)
+            shaped = shaped + torch.tensor([overlong_penalty(n, cfg.max_new_tokens, buffer) for n in lengths])
+        kl_seq = torch.zeros(batch)
+        if ref is not None and cfg.kl_placement == "reward":  # detached KL penalty folded into the reward
+            kl_seq = sequence_kl(ref, roll, cfg, pad_id, device)  # (N,)
+            shaped = shaped - cfg.kl_coef * kl_seq
+        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](shaped, G, cfg.scale_adv_by_std)  # (N,)
 
         # -------------------------------------------------------------- update
         sums: dict = {}
@@ -198,9 +257,12 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         tt = max(sums["tokens"], 1)
         metrics = {
             "step": step + 1,
-            "reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-            "reward/acc": (rewards >= 1).float().mean().item(),
-            "reward/frac_groups_with_variance": adv_stats["frac_groups_with_variance"],
+            "reward/mean": first_rewards.mean().item(), "reward/std": first_rewards.std(correction=0).item(),
+            "reward/acc": (first_rewards >= 1).float().mean().item(),
+            "reward/frac_groups_with_variance": len(informative_groups(first_rewards, G)) / cfg.prompts_per_step,
+            "reward/trained_mean": rewards.mean().item(), "reward/shaped_mean": shaped.mean().item(),
+            "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills, "rollout/groups": batch // G,
+            "rollout/informative_groups": len(informative_groups(rewards, G)),
             "rollout/len_mean": sum(lengths) / batch, "rollout/len_max": max(lengths),
             "rollout/truncated_frac": sum(roll.truncated) / batch,
             "loss/policy": sums["loss"] / opt_steps_per_batch, "loss/kl": sums["kl"] / tt,
@@ -210,8 +272,8 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
             "policy/ratio_max": sums["ratio_max"] if sums["tokens"] else 1.0,
             "policy/sampler_logp_diff": sums["logp_diff"] / tt, "policy/trained_tokens": sums["tokens"],
             "optim/grad_norm": sums["grad_norm"] / opt_steps_per_batch, "optim/lr": sched.get_last_lr()[0],
-            "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2, "time/step": t3 - t0,
-            "perf/rollout_tokens_per_s": sum(lengths) / (t1 - t0),
+            "time/rollout": timer["rollout"], "time/reward": timer["reward"], "time/update": t3 - t2,
+            "time/step": t3 - t0, "perf/rollout_tokens_per_s": timer["tokens"] / timer["rollout"],
             "perf/update_tokens_per_s": sums["tokens"] / max(t3 - t2, 1e-9),
             "time/elapsed": time.perf_counter() - t_start,
         }

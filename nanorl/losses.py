@@ -8,6 +8,7 @@ minibatch (never the micro-batch), so the gradient is the same however the minib
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
@@ -67,3 +68,27 @@ def loss_weights(mask: torch.Tensor, mode: str, n_tokens: int, n_seqs: int, max_
     if mode == "constant":
         return mask / (max_len * max(n_seqs, 1))
     raise ValueError(f"config key 'loss_agg': expected token|sequence|constant, got {mode!r}")
+
+
+def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
+             beta: float, kind: str = "sigmoid", label_smoothing: float = 0.0):
+    """Preference losses on sequence log-probs, all (B,) -> loss (B,) and stats.
+
+    h = (log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l)), the implicit reward margin / beta.
+      sigmoid: -log sigmoid(beta h)  DPO (Rafailov et al. 2023, arXiv 2305.18290, eq. 7); with label
+               smoothing eps: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h) (conservative DPO)
+      ipo:     (h - 1 / (2 beta))^2   IPO (Azar et al. 2023, arXiv 2310.12036, eq. 17)
+      hinge:   max(0, 1 - beta h)     SLiC-HF (Zhao et al. 2023, arXiv 2305.10425)
+    The implicit rewards beta (log pi - log ref) of chosen and rejected are returned for metrics.
+    """
+    h = (chosen - ref_chosen) - (rejected - ref_rejected)  # (B,)
+    if kind == "sigmoid":
+        loss = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif kind == "ipo":
+        loss = (h - 1 / (2 * beta)) ** 2
+    elif kind == "hinge":
+        loss = torch.relu(1 - beta * h)
+    else:
+        raise ValueError(f"config key 'loss': expected sigmoid|ipo|hinge, got {kind!r}")
+    r_w, r_l = beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
+    return loss, {"chosen_reward": r_w, "rejected_reward": r_l, "margin": r_w - r_l, "acc": (r_w > r_l).float()}

@@ -215,3 +215,9 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
         with torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)  # (b, C)
     return logp, entropy
+
+
+def sequence_logprobs(model, batch, temperature: float = 1.0):
+    """Summed log-prob of each completion of a `data.Batch` (b,), and its token count (b,)."""
+    logp, _ = token_logprobs(model, batch, temperature)  # (b, C)
+    return (logp * batch.loss_mask).sum(-1), batch.loss_mask.sum(-1)

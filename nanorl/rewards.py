@@ -38,4 +38,15 @@ def contains(prompt, completion: str, answer, **_) -> float:
     return float(str(answer).strip() in completion)
 
 
+def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): 0 up to max_len - buffer tokens,
+    then a linear ramp down to -1 at max_len (and -1 beyond). Added to the task reward."""
+    start = max_len - buffer
+    if length <= start:
+        return 0.0
+    if length <= max_len:
+        return (start - length) / buffer
+    return -1.0
+
+
 REWARDS = {"final_number": final_number, "exact": exact, "contains": contains}

@@ -42,6 +42,16 @@ class Rollouts:
     truncated: list[bool]  # hit max_new_tokens without a stop token
     n: int  # group size
 
+    def groups(self, idx: list[int]) -> "Rollouts":
+        """The rollouts of groups `idx` (in that order)."""
+        rows = [g * self.n + j for g in idx for j in range(self.n)]
+        return Rollouts(*([getattr(self, f)[i] for i in rows] for f in
+                          ("prompt_ids", "completion_ids", "logprobs", "truncated")), n=self.n)
+
+    def __add__(self, other: "Rollouts") -> "Rollouts":
+        return Rollouts(self.prompt_ids + other.prompt_ids, self.completion_ids + other.completion_ids,
+                        self.logprobs + other.logprobs, self.truncated + other.truncated, self.n)
+
 
 def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, L) ids and attention mask with every row right-aligned."""

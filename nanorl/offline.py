@@ -1,0 +1,89 @@
+"""The loop shared by the offline trainers (DPO, SFT, reward model): epochs -> batches -> micro-batches.
+
+Each trainer supplies `micro_loss(rows) -> (summed loss, summed stats)` over a few rows and
+`run_eval(step) -> metrics`; the loop divides by a count of the whole batch (rows, or tokens for
+SFT), so the gradient is the same for any micro_batch_size, steps the optimizer, logs, evaluates,
+and saves the final model. Stats are reported as means per row.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from nanorl import checkpoint
+from nanorl.config import OfflineConfig, to_dict, validate
+from nanorl.learner import make_optimizer, optimizer_step
+from nanorl.log import RunLog
+from nanorl.models import load_model, resolve_device, resolve_dtype
+
+
+def setup(cfg: OfflineConfig, name: str, load=load_model):
+    """Validate, seed, load the model on its device, open the run folder. -> model, tok, device, log."""
+    validate(cfg)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    model, tok = load(cfg.model, device, resolve_dtype(cfg.dtype, device))
+    model.eval()  # no dropout: the reference pass and the update see the same function
+    out = Path(cfg.out_dir)
+    log = RunLog(out)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
+    return model, tok, device, log
+
+
+def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: RunLog, name: str,
+        normaliser=len) -> dict:
+    """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens."""
+    t_start = time.perf_counter()
+    steps_per_epoch = -(-len(rows) // cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    opt, sched = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
+    first = last = run_eval(0)
+    bar = tqdm(total=total, desc=name, dynamic_ncols=True, disable=None)
+    step = 0
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(cfg.seed * 31 + epoch)).tolist()
+        for start in range(0, len(rows), cfg.batch_size):
+            # ---------------------------------------------------------- forward / backward
+            t0 = time.perf_counter()
+            batch = [rows[i] for i in order[start:start + cfg.batch_size]]
+            sums: dict = {}
+            norm = normaliser(batch)  # a count over the whole batch: micro-batching is invisible
+            for m in range(0, len(batch), cfg.micro_batch_size):
+                loss, stats = micro_loss(batch[m:m + cfg.micro_batch_size])
+                (loss / norm).backward()
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                sums["loss"] = sums.get("loss", 0.0) + loss.item() * len(batch) / norm  # reported per row
+            grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)
+            step += 1
+            # ---------------------------------------------------------- log / eval
+            metrics = {"step": step, "epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
+                       "optim/grad_norm": grad_norm, "optim/lr": sched.get_last_lr()[0],
+                       "time/step": time.perf_counter() - t0, "time/elapsed": time.perf_counter() - t_start}
+            if step % cfg.eval_every == 0 or step == total:
+                last = run_eval(step)
+                metrics.update(last)
+            log.write("metrics", metrics)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
+    bar.close()
+    out = Path(cfg.out_dir)
+    checkpoint.save(out / "model", model, tok)
+    wall = time.perf_counter() - t_start
+    result = {"steps": total, "wall_s": wall, "before": first, "after": last}
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    log.close()
+    shown = [k for k in last if k.endswith("acc")][:3]
+    print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
+          ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")
+    sys.stdout.flush()
+    return result

@@ -1,0 +1,112 @@
+"""Reward models: a scalar head on a causal LM backbone, trained as Bradley-Terry on preference pairs.
+
+    nanorl rm                                    # SmolLM2-135M-Instruct backbone, the shipped arithmetic pairs
+    nanorl rm --model runs/sft/model --data prefs.jsonl
+    nanorl train --reward-model runs/rm/model    # then use it as the reward of GRPO or PPO
+
+Loss: -log sigmoid(r(x, y_w) - r(x, y_l)) (Ouyang et al. 2022, arXiv 2203.02155, eq. 1). The model is
+saved as a Hugging Face `AutoModelForSequenceClassification` (num_labels = 1), so any such model from
+the hub can be a reward too. Scores are read at the last real token, found from the sequence lengths
+(sequences are left-padded), never by searching for the pad id, which may equal EOS.
+The same class is PPO's critic: `token_values` reads the head at every reply position.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nanorl.config import RMConfig
+from nanorl.data import encode_reply
+from nanorl.models import load_model
+from nanorl.offline import fit, setup
+from nanorl.sampling import left_pad
+from nanorl.tasks.preferences import load_preferences, split
+
+
+def load_reward_model(name: str, device, dtype):
+    """A sequence-classification model (ours or any from the hub), or a fresh scalar head on the
+    backbone of a causal LM (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    if Path(name).is_dir() and any(a.endswith("ForSequenceClassification")
+                                   for a in AutoConfig.from_pretrained(name).architectures or []):
+        model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
+        tok = AutoTokenizer.from_pretrained(name)
+        tok.pad_token = tok.pad_token or tok.eos_token
+        return model, tok
+    lm, tok = load_model(name, device, dtype)
+    config = lm.config
+    config.num_labels, config.pad_token_id = 1, tok.pad_token_id
+    model = AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+    model.base_model.load_state_dict(lm.base_model.state_dict())  # the backbone; the head starts fresh
+    torch.nn.init.normal_(model.score.weight, std=1 / (config.hidden_size + 1) ** 0.5)
+    del lm  # the language-model head is not needed: no second copy stays in memory
+    return model.to(device), tok
+
+
+def _hidden(model, prompts, replies, pad_id, device):
+    """Last hidden states of left-padded [prompt | reply] rows: (b, L, H), and reply lengths."""
+    ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    h = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
+    return h, [len(r) for r in replies]
+
+
+def rm_scores(model, prompts, replies, pad_id, device) -> torch.Tensor:
+    """Reward of each (prompt, reply): the head at the last token (b,)."""
+    h, _ = _hidden(model, prompts, replies, pad_id, device)
+    return model.score(h[:, -1]).squeeze(-1).float()
+
+
+def token_values(model, prompts, replies, pad_id, device) -> torch.Tensor:
+    """Value of the state before each reply token, V(prompt + reply[:t]) (b, C), 0 on padding."""
+    h, lengths = _hidden(model, prompts, replies, pad_id, device)
+    v = model.score(h).squeeze(-1).float()  # (b, L)
+    L, C = v.shape[1], max(max(lengths), 1)
+    out = torch.zeros(len(lengths), C, device=v.device, dtype=v.dtype)
+    for i, n in enumerate(lengths):  # the reply occupies the last n positions; t is predicted from t - 1
+        out[i, :n] = v[i, L - n - 1:L - 1]
+    return out
+
+
+def train(cfg: RMConfig) -> dict:
+    # ------------------------------------------------------------------ setup
+    train_pairs, eval_pairs = split(load_preferences(cfg.data), cfg.eval_fraction, cfg.seed)
+    model, tok, device, log = setup(cfg, "rm", load=load_reward_model)
+    pad = tok.pad_token_id
+
+    def encode(pairs):
+        out = []
+        for p in pairs:
+            prompt, chosen, _ = encode_reply(tok, p.prompt, p.chosen, cfg.system_prompt, cfg.max_length)
+            _, rejected, _ = encode_reply(tok, p.prompt, p.rejected, cfg.system_prompt, cfg.max_length)
+            out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+        return out
+
+    train_rows, eval_rows = encode(train_pairs), encode(eval_pairs)
+
+    def scores(rows):  # (b,), (b,) rewards of chosen and rejected
+        r = rm_scores(model, [x["prompt"] for x in rows] * 2, [x["chosen"] for x in rows] +
+                      [x["rejected"] for x in rows], pad, device)
+        return r[:len(rows)], r[len(rows):]
+
+    def micro_loss(rows):
+        r_w, r_l = scores(rows)
+        margin = r_w - r_l
+        return -F.logsigmoid(margin).sum(), {"acc": (margin > 0).sum().item(), "margin": margin.sum().item()}
+
+    @torch.no_grad()
+    def run_eval(step: int) -> dict:
+        parts = [scores(eval_rows[s:s + cfg.micro_batch_size]) for s in range(0, len(eval_rows), cfg.micro_batch_size)]
+        margin = torch.cat([w - l for w, l in parts])
+        metrics = {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
+                   "eval/margin": margin.mean().item()}
+        log.write("eval", {"step": step, **metrics})
+        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        return metrics
+
+    # ------------------------------------------------------------------ the loop (offline.fit)
+    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, log, "rm")

@@ -1,0 +1,71 @@
+"""SFT: supervised fine-tuning on prompt/reply pairs, the warm-up many small models need before RL.
+
+    nanorl sft                                   # SmolLM2-135M-Instruct on the shipped set's chosen replies
+    nanorl sft --data rows.jsonl                 # {prompt, completion} or {messages} rows
+    nanorl sft --model tiny --epochs 1           # smoke run
+
+The loss is the mean negative log-likelihood of the reply tokens (EOS included), over all reply
+tokens of the batch; prompt tokens are never trained on (they are not even scored: `token_logprobs`
+computes logits only at reply positions). For a multi-turn transcript, the last assistant message
+is the reply and the turns before it are the prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanorl.config import SFTConfig
+from nanorl.data import collate, encode_reply
+from nanorl.evaluate import evaluate
+from nanorl.models import sequence_logprobs
+from nanorl.offline import fit, setup
+from nanorl.tasks import get_task
+from nanorl.tasks.preferences import load_replies, split
+
+
+def reply_nll(model, rows, pad_id, device):
+    """Summed negative log-likelihood of the reply tokens of `rows`, and their token count."""
+    logp, n = sequence_logprobs(model, collate([r["prompt"] for r in rows], [r["reply"] for r in rows], pad_id,
+                                               device))  # (b,), (b,)
+    return -logp.sum(), int(n.sum())
+
+
+def train(cfg: SFTConfig) -> dict:
+    # ------------------------------------------------------------------ setup
+    train_data, eval_data = split(load_replies(cfg.data), cfg.eval_fraction, cfg.seed)
+    task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
+    model, tok, device, log = setup(cfg, "sft")
+    pad = tok.pad_token_id
+
+    def encode(data):
+        rows = []
+        for d in data:
+            prompt, reply, cut = encode_reply(tok, d.prompt, d.chosen, cfg.system_prompt, cfg.max_length)
+            rows.append({"prompt": prompt, "reply": reply, "cut": cut})
+        return rows
+
+    train_rows, eval_rows = encode(train_data), encode(eval_data)
+    print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out rows from {cfg.data}; "
+          f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
+
+    def micro_loss(rows):
+        nll, n = reply_nll(model, rows, pad, device)
+        return nll, {"tokens": n}
+
+    @torch.no_grad()
+    def run_eval(step: int) -> dict:
+        nll, n = 0.0, 0
+        for s in range(0, len(eval_rows), cfg.micro_batch_size):
+            part_nll, part_n = reply_nll(model, eval_rows[s:s + cfg.micro_batch_size], pad, device)
+            nll, n = nll + part_nll.item(), n + part_n
+        metrics = {"eval/nll_per_token": nll / n}
+        if task is not None:
+            acc, _ = evaluate(model, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
+            metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
+        log.write("eval", {"step": step, **metrics})
+        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        return metrics
+
+    # ------------------------------------------------------------------ the loop (offline.fit)
+    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, log, "sft",
+               normaliser=lambda batch: sum(len(r["reply"]) for r in batch))
