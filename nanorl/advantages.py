@@ -58,3 +58,30 @@ def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
 
 
 ESTIMATORS = {"group": group_advantages, "rloo": rloo_advantages, "batch": batch_advantages}
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438, eq. 16), per token.
+
+    rewards, values, mask: (B, C); values[t] = V(state before token t); the state after the last
+    token is terminal (value 0). delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}.
+    Returns advantages and returns A + V, both (B, C) and 0 on padding.
+    """
+    B, C = rewards.shape
+    adv = torch.zeros_like(rewards)
+    next_value, next_adv = torch.zeros(B, dtype=rewards.dtype), torch.zeros(B, dtype=rewards.dtype)
+    for t in reversed(range(C)):  # padding has mask 0: it neither contributes nor passes values back
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_adv = (delta + gamma * lam * next_adv) * m
+        next_value = values[:, t] * m
+        adv[:, t] = next_adv
+    return adv, (adv + values) * mask
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries of the whole batch (PPO advantage normalisation)."""
+    n = mask.sum().clamp(min=1)
+    mean = (x * mask).sum() / n
+    var = (((x - mean) * mask) ** 2).sum() / n
+    return (x - mean) * torch.rsqrt(var + eps) * mask

@@ -37,6 +37,9 @@ class GRPOConfig:
     operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
     eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
+    reward_model: str = _f("", "a reward model folder (`nanorl rm`, or any sequence-classification model) ('' = none)")
+    rm_weight: float = _f(1.0, "reward = rule_weight * task reward + rm_weight * reward-model score")
+    rule_weight: float = _f(1.0, "weight of the task's rule reward (0 with a reward model = the model alone)")
     # --- rollout
     steps: int = _f(40, "optimizer-step rounds: one rollout batch each")
     prompts_per_step: int = _f(8, "distinct prompts per rollout batch")
@@ -46,7 +49,7 @@ class GRPOConfig:
     top_p: float = _f(1.0, "nucleus sampling threshold for rollouts (1.0 = off)")
     top_k: int = _f(0, "top-k sampling for rollouts (0 = off)")
     # --- algorithm (`--algo` picks a preset of the knobs below; explicit keys override it)
-    algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp (see README, Algorithms)")
+    algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp | ppo (see README, Algorithms)")
     adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out baseline) | batch (REINFORCE++ global norm)")
     scale_adv_by_std: bool = _f(True, "divide advantages by the std (GRPO); False = Dr. GRPO")
     loss_agg: str = _f("token", "token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO) loss normaliser")
@@ -59,6 +62,13 @@ class GRPOConfig:
     kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3 (see losses.kl_penalty for which gradient each gives)")
     kl_placement: str = _f("loss", "KL as a loss term (GRPO) or as a detached penalty on the reward (PPO-RLHF)")
+    # --- PPO only (algo=ppo): the critic and generalised advantage estimation
+    critic_model: str = _f("", "critic initialisation: a reward-model folder, or '' = the policy's backbone")
+    critic_lr: float = _f(2e-5, "peak AdamW learning rate of the critic")
+    gamma: float = _f(1.0, "discount per token")
+    gae_lambda: float = _f(0.95, "GAE lambda (1 = Monte-Carlo returns, 0 = one-step TD)")
+    value_clip: float = _f(0.2, "clip the critic's new values to old +/- this (0 = off)")
+    target_kl: float = _f(0.0, "stop the epochs of a step early once the approximate KL to the rollout policy exceeds this (0 = off)")
     # --- optimisation
     lr: float = _f(2e-5, "peak AdamW learning rate")
     lr_schedule: str = _f("constant", "after warmup: constant | cosine | linear (to 10% of peak)")
@@ -164,6 +174,9 @@ PRESETS: dict[str, dict] = {
     "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071
     "rloo": {"adv_estimator": "rloo", "scale_adv_by_std": False, "loss_agg": "sequence"},  # arXiv 2402.14740
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
+    # PPO-RLHF (Ouyang et al. 2022): per-token k1 KL in the reward, GAE over a learned critic (nanorl/ppo.py)
+    "ppo": {"kl_coef": 0.02, "kl_estimator": "k1", "kl_placement": "reward", "samples_per_prompt": 4,
+            "prompts_per_step": 16, "epochs": 2},
 }
 CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
@@ -223,7 +236,7 @@ def validate(cfg) -> None:
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
-    for name in ["temperature", "lr", "eval_size", "eval_every", "eval_k"]:
+    for name in ["temperature", "lr", "critic_lr", "eval_size", "eval_every", "eval_k"]:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"config key '{name}': must be > 0, got {getattr(cfg, name)}")
     if not 0 < cfg.top_p <= 1:
@@ -238,6 +251,10 @@ def validate(cfg) -> None:
     if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
         raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
                           f"got {cfg.overlong_buffer}")
+    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.gae_lambda <= 1):
+        raise ConfigError(f"config keys 'gamma' and 'gae_lambda': must be in [0, 1], got {cfg.gamma}, {cfg.gae_lambda}")
+    if cfg.rule_weight == 0 and not cfg.reward_model:
+        raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' too")
     if cfg.dynamic_sampling < 0:
         raise ConfigError(f"config key 'dynamic_sampling': must be >= 0 extra rounds, got {cfg.dynamic_sampling}")
     batch = cfg.prompts_per_step * cfg.samples_per_prompt

@@ -92,3 +92,15 @@ def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Ten
         raise ValueError(f"config key 'loss': expected sigmoid|ipo|hinge, got {kind!r}")
     r_w, r_l = beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
     return loss, {"chosen_reward": r_w, "rejected_reward": r_l, "margin": r_w - r_l, "acc": (r_w > r_l).float()}
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float):
+    """Clipped value loss (the PPO implementations' form, e.g. Huang et al. 2022, "The 37 implementation
+    details of PPO", item 9): 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), per token (B, C).
+    clip = 0 turns clipping off."""
+    unclipped = (values - returns) ** 2
+    if clip <= 0:
+        return 0.5 * unclipped, {"clipped": torch.zeros_like(values)}
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    clipped = (v_clip - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped), {"clipped": (clipped > unclipped).float().detach()}

@@ -82,7 +82,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: R
     result = {"steps": total, "wall_s": wall, "before": first, "after": last}
     (out / "results.json").write_text(json.dumps(result, indent=2))
     log.close()
-    shown = [k for k in last if k.endswith("acc")][:3]
+    shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
     print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
           ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")
     sys.stdout.flush()
