@@ -21,16 +21,21 @@ def _f(default, help: str):
 
 
 @dataclass
-class GRPOConfig:
-    """GRPO on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300)."""
+class RunConfig:
+    """The fields every trainer has: where it writes, its seed, its device and its model."""
 
-    # --- run
     out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = _f("auto", "'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'")
-    # --- model and task
     model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
+
+
+@dataclass
+class GRPOConfig(RunConfig):
+    """GRPO and its family, and PPO, on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300)."""
+
+    # --- task
     task: str = _f("arithmetic", "'arithmetic' or a .jsonl file of {prompt, answer, ...} rows")
     reward: str = _f("final_number", "reward for a .jsonl task: final_number | exact | contains")
     digits: int = _f(2, "arithmetic: digits per operand")
@@ -86,14 +91,9 @@ class GRPOConfig:
 
 
 @dataclass
-class OfflineConfig:
+class OfflineConfig(RunConfig):
     """Shared by the offline trainers: DPO, SFT and the reward model."""
 
-    out_dir: str = _f("runs/offline", "run folder: config, metrics.jsonl, eval results, final model")
-    seed: int = _f(0, "seed for the data order and the split")
-    device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', ...")
-    dtype: str = _f("auto", "'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'")
-    model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
     data: str = _f("builtin:arithmetic", "JSONL of {prompt, chosen, rejected} rows, or builtin:arithmetic (ships with nanorl)")
     eval_fraction: float = _f(0.2, "fraction of the rows held out for evaluation (never trained on)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")

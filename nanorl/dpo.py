@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from nanorl.config import DPOConfig
-from nanorl.data import collate, encode_reply
+from nanorl.data import collate
 from nanorl.evaluate import evaluate
 from nanorl.losses import dpo_loss
 from nanorl.models import sequence_logprobs
-from nanorl.offline import fit, setup
+from nanorl.offline import encode_rows, fit, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import load_preferences, split
 
@@ -47,15 +47,7 @@ def train(cfg: DPOConfig) -> dict:
     policy, tok, device, log = setup(cfg, "dpo")
     pad = tok.pad_token_id
 
-    def encode(pairs):
-        rows = []
-        for p in pairs:
-            prompt, chosen, cut_w = encode_reply(tok, p.prompt, p.chosen, cfg.system_prompt, cfg.max_length)
-            _, rejected, cut_l = encode_reply(tok, p.prompt, p.rejected, cfg.system_prompt, cfg.max_length)
-            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected, "cut": cut_w or cut_l})
-        return rows
-
-    train_rows, eval_rows = encode(train_pairs), encode(eval_pairs)
+    train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
     # the reference log-probs: the starting model's, computed once and cached with each row
     for rows in (train_rows, eval_rows):
         for r, ref in zip(rows, pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size)):

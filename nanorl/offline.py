@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from nanorl import checkpoint
 from nanorl.config import OfflineConfig, to_dict, validate
+from nanorl.data import encode_reply
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.log import RunLog
 from nanorl.models import load_model, resolve_device, resolve_dtype
@@ -37,6 +38,19 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
     return model, tok, device, log
+
+
+def encode_rows(tok, pairs, cfg: OfflineConfig, fields=("chosen", "rejected")) -> list[dict]:
+    """Token ids of each pair's prompt and of its `fields` replies (each ending in EOS), and whether a
+    reply was cut to max_length. A prompt that leaves no room raises, naming it, before any training."""
+    rows = []
+    for p in pairs:
+        row, cut = {}, False
+        for f in fields:
+            row["prompt"], row[f], c = encode_reply(tok, p.prompt, getattr(p, f), cfg.system_prompt, cfg.max_length)
+            cut = cut or c
+        rows.append({**row, "cut": cut})
+    return rows
 
 
 def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: RunLog, name: str,

@@ -17,9 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.config import RMConfig
-from nanorl.data import encode_reply
 from nanorl.models import load_model
-from nanorl.offline import fit, setup
+from nanorl.offline import encode_rows, fit, setup
 from nanorl.sampling import left_pad
 from nanorl.tasks.preferences import load_preferences, split
 
@@ -78,15 +77,7 @@ def train(cfg: RMConfig) -> dict:
     model, tok, device, log = setup(cfg, "rm", load=load_reward_model)
     pad = tok.pad_token_id
 
-    def encode(pairs):
-        out = []
-        for p in pairs:
-            prompt, chosen, _ = encode_reply(tok, p.prompt, p.chosen, cfg.system_prompt, cfg.max_length)
-            _, rejected, _ = encode_reply(tok, p.prompt, p.rejected, cfg.system_prompt, cfg.max_length)
-            out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-        return out
-
-    train_rows, eval_rows = encode(train_pairs), encode(eval_pairs)
+    train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
 
     def scores(rows):  # (b,), (b,) rewards of chosen and rejected
         r = rm_scores(model, [x["prompt"] for x in rows] * 2, [x["chosen"] for x in rows] +

@@ -15,17 +15,17 @@ from __future__ import annotations
 import torch
 
 from nanorl.config import SFTConfig
-from nanorl.data import collate, encode_reply
+from nanorl.data import collate
 from nanorl.evaluate import evaluate
 from nanorl.models import sequence_logprobs
-from nanorl.offline import fit, setup
+from nanorl.offline import encode_rows, fit, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import load_replies, split
 
 
 def reply_nll(model, rows, pad_id, device):
     """Summed negative log-likelihood of the reply tokens of `rows`, and their token count."""
-    logp, n = sequence_logprobs(model, collate([r["prompt"] for r in rows], [r["reply"] for r in rows], pad_id,
+    logp, n = sequence_logprobs(model, collate([r["prompt"] for r in rows], [r["chosen"] for r in rows], pad_id,
                                                device))  # (b,), (b,)
     return -logp.sum(), int(n.sum())
 
@@ -37,14 +37,8 @@ def train(cfg: SFTConfig) -> dict:
     model, tok, device, log = setup(cfg, "sft")
     pad = tok.pad_token_id
 
-    def encode(data):
-        rows = []
-        for d in data:
-            prompt, reply, cut = encode_reply(tok, d.prompt, d.chosen, cfg.system_prompt, cfg.max_length)
-            rows.append({"prompt": prompt, "reply": reply, "cut": cut})
-        return rows
-
-    train_rows, eval_rows = encode(train_data), encode(eval_data)
+    train_rows = encode_rows(tok, train_data, cfg, fields=("chosen",))  # the reply is stored as "chosen"
+    eval_rows = encode_rows(tok, eval_data, cfg, fields=("chosen",))
     print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out rows from {cfg.data}; "
           f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
 
@@ -68,4 +62,4 @@ def train(cfg: SFTConfig) -> dict:
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, log, "sft",
-               normaliser=lambda batch: sum(len(r["reply"]) for r in batch))
+               normaliser=lambda batch: sum(len(r["chosen"]) for r in batch))

@@ -17,17 +17,17 @@ def test_sft_loss_is_reply_tokens_only():
     from nanorl.sft import reply_nll
 
     model, tok = tiny_model_and_tokenizer(seed=4)
-    rows = [{"prompt": tok("the prompt")["input_ids"], "reply": tok("ok!")["input_ids"] + [tok.eos_token_id]},
-            {"prompt": tok("q")["input_ids"], "reply": tok("a longer reply")["input_ids"] + [tok.eos_token_id]}]
+    rows = [{"prompt": tok("the prompt")["input_ids"], "chosen": tok("ok!")["input_ids"] + [tok.eos_token_id]},
+            {"prompt": tok("q")["input_ids"], "chosen": tok("a longer reply")["input_ids"] + [tok.eos_token_id]}]
     nll, n = reply_nll(model, rows, tok.pad_token_id, "cpu")
     expect, count = 0.0, 0
     for r in rows:  # reference: a plain forward over prompt + reply, scoring only the reply positions
-        ids = torch.tensor([r["prompt"] + r["reply"]])
+        ids = torch.tensor([r["prompt"] + r["chosen"]])
         logp = F.log_softmax(model(ids).logits[0, :-1], -1)
         targets = ids[0, 1:]
         start = len(r["prompt"]) - 1  # position that predicts the first reply token
         expect -= logp[start:].gather(-1, targets[start:, None]).sum().item()
-        count += len(r["reply"])
+        count += len(r["chosen"])
     assert n == count and abs(nll.item() - expect) < 1e-4
 
 

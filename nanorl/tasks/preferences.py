@@ -36,18 +36,8 @@ def _reply(value, where: str, key: str) -> str:
 
 def load_preferences(path: str | Path) -> list[Pair]:
     """Read and check a preference JSONL; every error names the file, the line and the field."""
-    path = BUILTIN.get(str(path), Path(path))
-    if not path.is_file():
-        raise FileNotFoundError(f"preference file not found: {path} (or use {', '.join(BUILTIN)})")
     pairs = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e})") from None
+    for where, row in _jsonl(path, "preference"):
         for key in ("chosen", "rejected"):
             if key not in row:
                 raise ValueError(f"{where}: missing field '{key}'")
@@ -62,21 +52,24 @@ def load_preferences(path: str | Path) -> list[Pair]:
     return pairs
 
 
+def _jsonl(path, what: str):
+    """("file:line", row) for each non-empty line; a missing file or bad JSON raises naming it."""
+    path = BUILTIN.get(str(path), Path(path))
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found: {path} (or use {', '.join(BUILTIN)})")
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                yield f"{path}:{n}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+
+
 def load_replies(path: str | Path) -> list[Pair]:
     """SFT rows as Pair(prompt, reply, ""): {prompt, completion}, {messages} (the last message is the
     reply; earlier turns are the prompt) or a preference file (its chosen replies)."""
-    path = BUILTIN.get(str(path), Path(path))
-    if not path.is_file():
-        raise FileNotFoundError(f"SFT data file not found: {path} (or use {', '.join(BUILTIN)})")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e})") from None
+    for where, row in _jsonl(path, "SFT data"):
         if "messages" in row:
             msgs = row["messages"]
             if not isinstance(msgs, list) or len(msgs) < 2 or msgs[-1].get("role") != "assistant":
