@@ -128,3 +128,27 @@ def test_loss_weights_modes():
     full = torch.ones(2, 3)
     w = [loss_weights(full, m, 6, 2, 3) for m in ("token", "sequence", "constant")]
     assert torch.allclose(w[0], w[1]) and torch.allclose(w[0], w[2])
+
+
+def test_kl_placement_gradients_exact_expectation():
+    """Exact expectations over a 5-way categorical policy: k2 as a loss and k1 in the reward give the
+    gradient of the reverse KL(pi || ref); k3 as a loss gives the gradient of the forward KL(ref || pi)."""
+    theta = torch.tensor([0.3, -1.0, 0.5, 2.0, -0.2], requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([1.0, 0.0, -0.5, 0.5, 0.2]), -1)
+    w = torch.softmax(theta, -1).detach()  # sampling weights: samples carry no gradient
+
+    def grad(f):
+        theta.grad = None
+        f().backward()
+        return theta.grad.clone()
+
+    def logp():
+        return torch.log_softmax(theta, -1)
+
+    reverse = grad(lambda: (logp().exp() * (logp() - ref)).sum())
+    forward = grad(lambda: (ref.exp() * (ref - logp())).sum())
+    k2_loss = grad(lambda: (w * kl_penalty(logp(), ref, "k2")).sum())
+    k1_reward = grad(lambda: (w * kl_penalty(logp(), ref, "k1").detach() * logp()).sum())  # REINFORCE, reward -k1
+    k3_loss = grad(lambda: (w * kl_penalty(logp(), ref, "k3")).sum())
+    assert torch.allclose(k2_loss, reverse, atol=1e-6) and torch.allclose(k1_reward, reverse, atol=1e-6)
+    assert torch.allclose(k3_loss, forward, atol=1e-6) and not torch.allclose(k3_loss, reverse, atol=1e-3)

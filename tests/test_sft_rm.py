@@ -79,3 +79,34 @@ def test_scores_and_values_ignore_padding_and_align_with_reply_tokens():
         n, P = len(replies[i]), len(prompts[i])
         assert torch.allclose(values[i, :n], v[P - 1:P + n - 1], atol=1e-5)  # V(prompt + reply[:t])
         assert torch.equal(values[i, n:], torch.zeros(values.shape[1] - n))
+
+
+def test_rlhf_pipeline_example_runs(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "examples" / "rlhf_pipeline.py"
+    r = subprocess.run([sys.executable, str(script), "--model", "tiny", "--steps", "2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[nanorl] pipeline: sft task_greedy_acc" in r.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) == {"sft", "rm", "ppo"}
+
+
+def test_grpo_mixes_a_reward_model_with_the_rule_reward(tmp_path):
+    from test_grpo import toy_task
+
+    from nanorl import GRPOConfig, train as grpo_train
+    from nanorl.reward_model import train
+
+    rows = [{"prompt": f"q{i}", "chosen": "aaa", "rejected": "bbb"} for i in range(10)]
+    train(RMConfig(model="tiny", data=_rows(tmp_path, rows), out_dir=str(tmp_path / "rm"), epochs=1, batch_size=4,
+                   eval_every=100))
+    grpo_train(GRPOConfig(model="tiny", reward_model=str(tmp_path / "rm" / "model"), rm_weight=0.5,
+                          out_dir=str(tmp_path / "run"), steps=2, prompts_per_step=2, samples_per_prompt=4,
+                          max_new_tokens=6, eval_every=100, save_every=0), toy_task())
+    m = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    for x in m:  # reward = 1.0 * task + 0.5 * rm, each part logged
+        assert abs(x["reward/mean"] - (x["reward/task_mean"] + 0.5 * x["reward/rm_mean"])) < 1e-5
