@@ -30,10 +30,10 @@ def evaluate(model, tok, task, max_new_tokens: int = 32, k: int = 1, temperature
             chunk = task.eval[start:start + batch_prompts]
             ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
             out = generate(model, ids, n, params, stops, seed=seed + start, pad_id=pad)
-            for i, comp in enumerate(out.completion_ids):
+            texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
+            scores = task.score([chunk[i // n] for i in range(len(texts))], texts)
+            for i, (comp, text, r) in enumerate(zip(out.completion_ids, texts, scores)):
                 ex = chunk[i // n]
-                text = tok.decode(comp, skip_special_tokens=True)
-                r = float(task.reward(ex.prompt, text, **ex.fields))
                 rewards.append(r)
                 correct.append(r >= 1.0)
                 lengths.append(len(comp))

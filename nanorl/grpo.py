@@ -18,7 +18,7 @@ Deviations from the paper, each deliberate:
    k3 estimator of the paper's eq. 4 is added to the loss (kl_estimator / kl_placement change that).
 3. Dropout is off during the update (models stay in eval mode), so an on-policy ratio is exactly 1.
 4. Sequences whose advantage is 0 (groups with equal rewards) are not run through the update when
-   kl_coef = 0: their gradient is exactly 0, and the token normaliser still counts them.
+   no KL term is in the loss: their gradient is exactly 0, and the loss normaliser still counts them.
 """
 
 from __future__ import annotations

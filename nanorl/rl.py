@@ -39,14 +39,6 @@ def prompt_order(n_train: int, seed: int, step: int, count: int) -> list[int]:
     return out
 
 
-def score(task: Task, example, completion: str) -> float:
-    try:
-        return float(task.reward(example.prompt, completion, **example.fields))
-    except Exception as e:  # name the input that broke the user's reward
-        raise RuntimeError(f"reward of task '{task.name}' failed on prompt {example.prompt!r} "
-                           f"with completion {completion!r}: {e!r}") from e
-
-
 def param_gib(model) -> float:
     return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
 
@@ -104,7 +96,7 @@ class Run:
         timer["tokens"] += sum(len(c) for c in roll.completion_ids)
         t = time.perf_counter()
         texts = [self.tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
-        parts = {"task": torch.tensor([score(self.task, examples[i // G], texts[i]) for i in range(len(texts))])}
+        parts = {"task": torch.tensor(self.task.score([examples[i // G] for i in range(len(texts))], texts))}
         rewards = cfg.rule_weight * parts["task"]
         if self.rm is not None:
             parts["rm"] = self.rm_score(examples, texts)

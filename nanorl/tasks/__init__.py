@@ -36,6 +36,21 @@ class Task:
         if not self.train:
             raise ValueError(f"task '{self.name}': the training split is empty")
 
+    def score(self, examples: list[Example], completions: list[str]) -> list[float]:
+        """Rewards of completions[i] for examples[i]. A reward with a `.batch(prompts, completions,
+        fields)` attribute (e.g. the code sandbox) scores them all at once, in parallel."""
+        batch = getattr(self.reward, "batch", None)
+        if batch is not None:
+            return [float(r) for r in batch([e.prompt for e in examples], completions, [e.fields for e in examples])]
+        out = []
+        for ex, completion in zip(examples, completions):
+            try:
+                out.append(float(self.reward(ex.prompt, completion, **ex.fields)))
+            except Exception as e:  # name the input that broke the user's reward
+                raise RuntimeError(f"reward of task '{self.name}' failed on prompt {ex.prompt!r} "
+                                   f"with completion {completion!r}: {e!r}") from e
+        return out
+
 
 def arithmetic(digits: int = 2, operators: str = "+", eval_size: int = 200, seed: int = 0,
                max_train: int = 50_000) -> Task:
@@ -104,6 +119,10 @@ def get_task(name: str, *, reward: str = "final_number", digits: int = 2, operat
              eval_size: int = 200, seed: int = 0) -> Task:
     if name == "arithmetic":
         return arithmetic(digits=digits, operators=operators, eval_size=eval_size, seed=seed)
+    if name == "code":
+        from nanorl.tasks.code import code_task
+
+        return code_task(eval_size=min(eval_size, 10), seed=seed)
     if name.endswith(".jsonl"):
         return jsonl_task(name, reward=reward, eval_size=eval_size, seed=seed)
-    raise ValueError(f"config key 'task': unknown task {name!r} (use 'arithmetic' or a .jsonl file)")
+    raise ValueError(f"config key 'task': unknown task {name!r} (use 'arithmetic', 'code' or a .jsonl file)")
