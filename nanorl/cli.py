@@ -26,8 +26,10 @@ def eval_main(argv: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="nanorl eval", description="Held-out greedy accuracy and pass@k of a model.")
     p.add_argument("--model", required=True, help="alias, hub id, local folder or .gguf file")
-    p.add_argument("--task", default="arithmetic", help="'arithmetic' or a .jsonl file")
-    p.add_argument("--reward", default="final_number", help="reward for a .jsonl task")
+    p.add_argument("--task", default="arithmetic", help="a built-in task or a data file (see `nanorl train --help`)")
+    p.add_argument("--reward", default="", help="reward spec replacing the task's own, e.g. 'math=1'")
+    p.add_argument("--prompt-field", default="prompt")
+    p.add_argument("--answer-field", default="answer")
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--operators", default="+")
     p.add_argument("--eval-size", type=int, default=200)
@@ -38,7 +40,8 @@ def eval_main(argv: list[str]) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", help="write metrics and greedy samples to this .json file")
     a = p.parse_args(argv)
-    task = get_task(a.task, reward=a.reward, digits=a.digits, operators=a.operators, eval_size=a.eval_size)
+    task = get_task(a.task, reward=a.reward, digits=a.digits, operators=a.operators, eval_size=a.eval_size,
+                    prompt_field=a.prompt_field, answer_field=a.answer_field)
     device = resolve_device(a.device)
     model, tok = load_model(a.model, device, resolve_dtype("auto", device))
     metrics, samples = evaluate(model, tok, task, a.max_new_tokens, a.k, a.temperature, a.system_prompt)

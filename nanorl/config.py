@@ -36,8 +36,11 @@ class GRPOConfig(RunConfig):
     """GRPO and its family, and PPO, on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300)."""
 
     # --- task
-    task: str = _f("arithmetic", "'arithmetic' or a .jsonl file of {prompt, answer, ...} rows")
-    reward: str = _f("final_number", "reward for a .jsonl task: final_number | exact | contains")
+    task: str = _f("arithmetic", "arithmetic | countdown | code | sql | gsm8k:FILE | a .jsonl/.csv/.parquet file or dataset folder")
+    reward: str = _f("", "reward spec replacing the task's own: 'math=1,answer_tag=0.2', module:function, file.py:function")
+    prompt_field: str = _f("prompt", "data files: the column holding the prompt (string or chat messages)")
+    answer_field: str = _f("answer", "data files: the column passed to the reward as `answer`")
+    reward_errors: str = _f("raise", "a reward that raises: raise (stop, naming prompt and completion) | zero (score 0, count)")
     digits: int = _f(2, "arithmetic: digits per operand")
     operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
     eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
@@ -180,7 +183,7 @@ PRESETS: dict[str, dict] = {
 }
 CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
-           "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"),
+           "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
            "lr_schedule": ("constant", "cosine", "linear"),
            "algo": tuple(PRESETS)}
 

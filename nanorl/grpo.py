@@ -185,6 +185,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
             "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills, "rollout/groups": batch // G,
             "rollout/informative_groups": len(informative_groups(rewards, G)),
             **rollout_metrics(roll), **update_metrics(sums, opt_steps_per_batch), "optim/lr": sched.get_last_lr()[0],
+            "reward/errors": timer.get("reward_errors", 0),
             "time/rollout": timer["rollout"], "time/reward": timer["reward"], "time/update": t3 - t2,
             "time/step": t3 - t0, "perf/rollout_tokens_per_s": timer["tokens"] / timer["rollout"],
             "perf/update_tokens_per_s": sums["tokens"] / max(t3 - t2, 1e-9),
@@ -197,7 +198,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
 
 def reward_metrics(rewards: torch.Tensor, parts: dict, G: int) -> dict:
     out = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-           "reward/acc": (parts["task"] >= 1).float().mean().item(),
+           "reward/acc": (next(iter(parts.values())) >= 1).float().mean().item(),  # of the first rule part
            "reward/frac_groups_with_variance": len(informative_groups(rewards, G)) / (len(rewards) // G)}
     out.update({f"reward/{k}_mean": v.mean().item() for k, v in parts.items()})
     return out

@@ -49,4 +49,24 @@ def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
     return -1.0
 
 
-REWARDS = {"final_number": final_number, "exact": exact, "contains": contains}
+_THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
+_ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
+
+
+def think_answer_format(prompt, completion: str, **_) -> float:
+    """1.0 when the completion is exactly <think>...</think> then <answer>...</answer> (R1-style)."""
+    return float(_THINK_ANSWER.match(completion) is not None)
+
+
+def answer_tag(prompt, completion: str, **_) -> float:
+    """1.0 when the completion contains an <answer>...</answer> span."""
+    return float(_ANSWER.search(completion) is not None)
+
+
+def length_penalty(prompt, completion: str, max_words: int = 100, **_) -> float:
+    """0 up to max_words words, then -1/max_words per extra word, down to -1."""
+    return -min(1.0, max(0, len(completion.split()) - max_words) / max_words)
+
+
+REWARDS = {"final_number": final_number, "exact": exact, "contains": contains, "think_answer_format": think_answer_format,
+           "answer_tag": answer_tag, "length_penalty": length_penalty}

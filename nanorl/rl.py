@@ -53,7 +53,8 @@ class Run:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.task = task or get_task(cfg.task, reward=cfg.reward, digits=cfg.digits, operators=cfg.operators,
-                                     eval_size=cfg.eval_size)
+                                     eval_size=cfg.eval_size, prompt_field=cfg.prompt_field,
+                                     answer_field=cfg.answer_field, on_error=cfg.reward_errors)
         self.ckpt_dir = self.out / "checkpoint"
         self.resuming = cfg.resume and (self.ckpt_dir / "trainer_state.pt").is_file()
         self.policy, self.tok = load_model(str(self.ckpt_dir) if self.resuming else cfg.model, self.device, self.dtype)
@@ -87,7 +88,8 @@ class Run:
     # ---------------------------------------------------------------------- rollout and reward
     def rollout_and_score(self, examples, seed: int, timer: dict):
         """Sample G completions per example and score them. -> rollouts, texts, rewards (N,), and the
-        reward's parts {"task": (N,), "rm": (N,)}; rewards = rule_weight * task + rm_weight * rm."""
+        reward's parts {name: (N,)} ("task" for a single rule, plus "rm" with a reward model);
+        rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
         cfg, G = self.cfg, self.cfg.samples_per_prompt
         t = time.perf_counter()
         prompts = [render_prompt(self.tok, ex.prompt, cfg.system_prompt) for ex in examples]
@@ -96,8 +98,10 @@ class Run:
         timer["tokens"] += sum(len(c) for c in roll.completion_ids)
         t = time.perf_counter()
         texts = [self.tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
-        parts = {"task": torch.tensor(self.task.score([examples[i // G] for i in range(len(texts))], texts))}
-        rewards = cfg.rule_weight * parts["task"]
+        named, total, errors = self.task.score_parts([examples[i // G] for i in range(len(texts))], texts)
+        timer["reward_errors"] = timer.get("reward_errors", 0) + errors
+        parts = {k: torch.tensor(v) for k, v in named.items()}
+        rewards = cfg.rule_weight * torch.tensor(total)
         if self.rm is not None:
             parts["rm"] = self.rm_score(examples, texts)
             rewards = rewards + cfg.rm_weight * parts["rm"]

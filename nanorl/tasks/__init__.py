@@ -1,11 +1,15 @@
 """Tasks: data (prompts plus the fields their reward needs) and a reward function.
 
     task = get_task("arithmetic", digits=2, operators="+", eval_size=200, seed=0)
-    task = get_task("my_prompts.jsonl", reward="final_number")
+    task = get_task("countdown") / get_task("code") / get_task("sql")     # built-in verifiable tasks
+    task = get_task("rows.csv", reward="math=1,answer_tag=0.2", prompt_field="question")
     task = Task("mine", train=[Example("Say hi", {})], eval=[...], reward=my_reward)   # from Python
 
 A prompt is a string (rendered as one user message with the model's chat template) or a list of
 chat messages. `reward(prompt, completion, **fields) -> float` gets the example's fields as keywords.
+A reward spec is comma-separated `name=weight` items; a name is a built-in reward (REWARDS), a
+`module:function`, or a `path/to/file.py:function`. Each part is logged as `reward/<name>_mean`.
+Files: .jsonl, .csv, .parquet, or a folder saved by `datasets.Dataset.save_to_disk`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from nanorl.rewards import REWARDS, final_number
+from nanorl.rewards import final_number
 
 
 @dataclass
@@ -30,26 +34,43 @@ class Task:
     name: str
     train: list[Example]
     eval: list[Example]
-    reward: Callable[..., float]
+    reward: Callable[..., float]  # one reward, or a list of (name, reward, weight) parts
+    on_error: str = "raise"  # a reward that raises: "raise" (stop, naming the input) or "zero" (score 0, count it)
 
     def __post_init__(self):
         if not self.train:
             raise ValueError(f"task '{self.name}': the training split is empty")
 
+    def parts(self) -> list[tuple[str, Callable, float]]:
+        return self.reward if isinstance(self.reward, list) else [("task", self.reward, 1.0)]
+
+    def score_parts(self, examples: list[Example], completions: list[str]):
+        """-> ({part name: rewards}, weighted total rewards, number of reward errors).
+        A reward with a `.batch(prompts, completions, fields)` attribute (e.g. the code sandbox)
+        scores all completions at once, in parallel."""
+        parts, errors = {}, 0
+        for name, fn, _ in self.parts():
+            batch = getattr(fn, "batch", None)
+            if batch is not None:
+                parts[name] = [float(r) for r in batch([e.prompt for e in examples], completions,
+                                                       [e.fields for e in examples])]
+                continue
+            values = []
+            for ex, completion in zip(examples, completions):
+                try:
+                    values.append(float(fn(ex.prompt, completion, **ex.fields)))
+                except Exception as e:
+                    if self.on_error != "zero":  # name the input that broke the reward
+                        raise RuntimeError(f"reward '{name}' of task '{self.name}' failed on prompt {ex.prompt!r} "
+                                           f"with completion {completion!r}: {e!r}") from e
+                    values.append(0.0)
+                    errors += 1
+            parts[name] = values
+        total = [sum(w * parts[n][i] for n, _, w in self.parts()) for i in range(len(completions))]
+        return parts, total, errors
+
     def score(self, examples: list[Example], completions: list[str]) -> list[float]:
-        """Rewards of completions[i] for examples[i]. A reward with a `.batch(prompts, completions,
-        fields)` attribute (e.g. the code sandbox) scores them all at once, in parallel."""
-        batch = getattr(self.reward, "batch", None)
-        if batch is not None:
-            return [float(r) for r in batch([e.prompt for e in examples], completions, [e.fields for e in examples])]
-        out = []
-        for ex, completion in zip(examples, completions):
-            try:
-                out.append(float(self.reward(ex.prompt, completion, **ex.fields)))
-            except Exception as e:  # name the input that broke the user's reward
-                raise RuntimeError(f"reward of task '{self.name}' failed on prompt {ex.prompt!r} "
-                                   f"with completion {completion!r}: {e!r}") from e
-        return out
+        return self.score_parts(examples, completions)[1]
 
 
 def arithmetic(digits: int = 2, operators: str = "+", eval_size: int = 200, seed: int = 0,
@@ -88,41 +109,141 @@ def arithmetic(digits: int = 2, operators: str = "+", eval_size: int = 200, seed
     return Task("arithmetic", train=examples[eval_size:], eval=examples[:eval_size], reward=final_number)
 
 
-def jsonl_task(path: str | Path, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
-               prompt_field: str = "prompt") -> Task:
-    """Rows of {"prompt": str or messages, <fields for the reward>...}; after a seeded shuffle the first
-    eval_size rows (at most half the file) are held out and never trained on."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"task file not found: {path}")
-    if reward not in REWARDS:
-        raise ValueError(f"config key 'reward': expected one of {sorted(REWARDS)}, got {reward!r}")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+def _builtin_rewards() -> dict:
+    from nanorl.rewards import REWARDS
+    from nanorl.tasks.code import code_reward
+    from nanorl.tasks.countdown import countdown_reward
+    from nanorl.tasks.math_answer import math_reward
+    from nanorl.tasks.sql import sql_reward
+
+    return {**REWARDS, "math": math_reward, "code": code_reward, "sql": sql_reward, "countdown": countdown_reward}
+
+
+def load_reward(name: str) -> Callable:
+    """A built-in reward by name, a `module:function`, or a `path/to/file.py:function`."""
+    import importlib
+    import importlib.util
+
+    builtin = _builtin_rewards()
+    if name in builtin:
+        return builtin[name]
+    if ":" not in name:
+        raise ValueError(f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
+                         f"or module:function, or file.py:function)")
+    where, fn_name = name.rsplit(":", 1)
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise FileNotFoundError(f"reward file not found: {where}")
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"config key 'reward': {where} has no function {fn_name!r}")
+    return fn
+
+
+def parse_reward_spec(spec: str) -> list[tuple[str, Callable, float]]:
+    """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]."""
+    parts = []
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        name, _, weight = item.partition("=")
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"config key 'reward': weight of {name!r} must be a number, got {weight!r}") from None
+        parts.append((name.split(":")[-1] if ":" in name else name, load_reward(name), w))
+    if not parts:
+        raise ValueError("config key 'reward': empty reward spec")
+    return parts
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a .jsonl, .csv or .parquet file, or of a `datasets` folder (its 'train' split)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task file not found: {path}")
+    if path.is_dir():
+        try:
+            import datasets
+        except ImportError:
+            raise ImportError(f"{path} is a folder: reading a saved dataset needs `pip install datasets`") from None
+        ds = datasets.load_from_disk(str(path))
+        return [dict(r) for r in (ds["train"] if isinstance(ds, datasets.DatasetDict) else ds)]
+    if path.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+        return rows
+    if path.suffix == ".csv":
+        import csv
+
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"reading {path} needs `pip install pyarrow`") from None
+        return pq.read_table(path).to_pylist()
+    raise ValueError(f"config key 'task': {path} is not .jsonl, .csv, .parquet or a dataset folder")
+
+
+def file_task(path: str | Path, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
+              prompt_field: str = "prompt", answer_field: str = "answer") -> Task:
+    """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field`
+    is passed to the reward as `answer`. After a seeded shuffle the first eval_size rows (at most
+    half) are held out and never trained on."""
+    rows = read_rows(path)
+    if not rows:
+        raise ValueError(f"{path}: the dataset is empty")
+    examples = []
+    for n, row in enumerate(rows, 1):
         if prompt_field not in row:
-            raise ValueError(f"{path}:{n}: missing field '{prompt_field}'")
-        rows.append(Example(row.pop(prompt_field), row))
-    if len(rows) < 2:
-        raise ValueError(f"{path}: needs at least 2 rows (train and eval), found {len(rows)}")
-    random.Random(seed).shuffle(rows)
-    n_eval = min(eval_size, len(rows) // 2)
-    return Task(path.stem, train=rows[n_eval:], eval=rows[:n_eval], reward=REWARDS[reward])
+            raise ValueError(f"{path}: row {n} has no field '{prompt_field}' (set prompt_field; fields: {sorted(row)})")
+        row = dict(row)
+        prompt = row.pop(prompt_field)
+        if answer_field != "answer" and answer_field in row:
+            row["answer"] = row.pop(answer_field)
+        examples.append(Example(prompt, row))
+    if len(examples) < 2:
+        raise ValueError(f"{path}: needs at least 2 rows (train and eval), found {len(examples)}")
+    random.Random(seed).shuffle(examples)
+    n_eval = min(eval_size, len(examples) // 2)
+    return Task(Path(path).stem, train=examples[n_eval:], eval=examples[:n_eval], reward=parse_reward_spec(reward))
 
 
-def get_task(name: str, *, reward: str = "final_number", digits: int = 2, operators: str = "+",
-             eval_size: int = 200, seed: int = 0) -> Task:
+def get_task(name: str, *, reward: str = "", digits: int = 2, operators: str = "+", eval_size: int = 200,
+             seed: int = 0, prompt_field: str = "prompt", answer_field: str = "answer", on_error: str = "raise") -> Task:
+    """A built-in task or a data file; a non-empty `reward` spec replaces the task's own reward."""
     if name == "arithmetic":
-        return arithmetic(digits=digits, operators=operators, eval_size=eval_size, seed=seed)
-    if name == "code":
-        from nanorl.tasks.code import code_task
+        task = arithmetic(digits=digits, operators=operators, eval_size=eval_size, seed=seed)
+    elif name == "countdown":
+        from nanorl.tasks.countdown import countdown_task
 
-        return code_task(eval_size=min(eval_size, 10), seed=seed)
-    if name.endswith(".jsonl"):
-        return jsonl_task(name, reward=reward, eval_size=eval_size, seed=seed)
-    raise ValueError(f"config key 'task': unknown task {name!r} (use 'arithmetic', 'code' or a .jsonl file)")
+        task = countdown_task(eval_size=eval_size, seed=seed)
+    elif name in ("code", "sql"):  # small hand-written sets: 10 problems held out
+        from nanorl.tasks.code import code_task
+        from nanorl.tasks.sql import sql_task
+
+        task = (code_task if name == "code" else sql_task)(eval_size=min(eval_size, 10), seed=seed)
+    elif name.startswith("gsm8k:"):
+        from nanorl.tasks.math_answer import gsm8k_task
+
+        task = gsm8k_task(name[len("gsm8k:"):], eval_size=eval_size, seed=seed)
+    elif Path(name).suffix in (".jsonl", ".csv", ".parquet") or Path(name).is_dir():
+        task = file_task(name, reward=reward or "final_number", eval_size=eval_size, seed=seed,
+                         prompt_field=prompt_field, answer_field=answer_field)
+    else:
+        raise ValueError(f"config key 'task': unknown task {name!r} (use arithmetic, countdown, code, sql, "
+                         f"gsm8k:FILE.jsonl, or a .jsonl / .csv / .parquet file or dataset folder)")
+    if reward:
+        task.reward = parse_reward_spec(reward)
+    task.on_error = on_error
+    return task
