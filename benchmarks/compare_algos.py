@@ -4,9 +4,11 @@
     python benchmarks/compare_algos.py --steps 2 --model tiny --algos grpo,ppo --out /tmp/cmp   # smoke run
 
 Each method starts from the same model, sees the same prompts in the same order (seed 0), samples
-the same number of completions per step (8 x 8 = 64; PPO's preset uses 16 x 4 = 64) and is
+the same number of completions per step (8 x 8 = 64; PPO's preset uses 16 x 4 = 64, in two
+minibatches of 32 with a critic step after each) and is
 evaluated greedily on the same 200 held-out problems before and after. Writes OUT/table.md and
-OUT/results.json, and keeps each run's folder under OUT/<algo>/.
+OUT/results.json, and keeps each run's folder under OUT/<algo>/; a run already finished there with
+the same config is reused, so an interrupted comparison picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nanorl.config import PRESETS, preset
+from nanorl.config import PRESETS, preset, to_dict
 from nanorl.grpo import train
 
 
@@ -36,7 +38,12 @@ def main() -> None:
         t0 = time.perf_counter()
         cfg = preset(algo, model=a.model, steps=a.steps, eval_every=a.steps, eval_size=a.eval_size, save_every=0,
                      out_dir=str(out / algo))
-        result = train(cfg)
+        done = out / algo / "results.json"
+        if done.is_file() and json.loads((out / algo / "config.json").read_text()) == to_dict(cfg):
+            result = json.loads(done.read_text())  # finished earlier with the same config: reuse it
+            t0 -= result["wall_s"]
+        else:
+            result = train(cfg)
         metrics = [json.loads(x) for x in open(out / algo / "metrics.jsonl")]
         rows.append({"algo": algo, "before": result["before"]["eval/greedy_acc"],
                      "after": result["after"]["eval/greedy_acc"],

@@ -179,7 +179,7 @@ PRESETS: dict[str, dict] = {
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
     # PPO-RLHF (Ouyang et al. 2022): per-token k1 KL in the reward, GAE over a learned critic (nanorl/ppo.py)
     "ppo": {"kl_coef": 0.02, "kl_estimator": "k1", "kl_placement": "reward", "samples_per_prompt": 4,
-            "prompts_per_step": 16, "epochs": 2},
+            "prompts_per_step": 16, "minibatch_size": 32},
 }
 CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),

@@ -124,7 +124,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         from nanorl.ppo import train as ppo_train
 
         return ppo_train(cfg, task)
-    run = Run(cfg, task, "grpo")
+    run = Run(cfg, task, cfg.algo)
     policy, ref, task, G, device, pad_id = run.policy, run.ref, run.task, cfg.samples_per_prompt, run.device, run.pad_id
     mb_size = cfg.minibatch_size or cfg.prompts_per_step * G
     opt_steps_per_batch = cfg.epochs * (cfg.prompts_per_step * G // mb_size)

@@ -75,7 +75,7 @@ def test_ppo_raises_reward_on_a_toy_task(tmp_path):
 
     cfg = preset("ppo", model="tiny", out_dir=str(tmp_path), steps=30, prompts_per_step=8, samples_per_prompt=4,
                  max_new_tokens=8, lr=3e-3, critic_lr=3e-3, kl_coef=0.01, warmup_steps=0, eval_every=100,
-                 save_every=0, target_kl=1.0)
+                 save_every=0, target_kl=1.0, epochs=2, minibatch_size=0)
     train(cfg, toy_task())
     m = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     first, last = sum(x["reward/mean"] for x in m[:5]) / 5, sum(x["reward/mean"] for x in m[-5:]) / 5
@@ -89,7 +89,7 @@ def test_ppo_raises_reward_on_a_toy_task(tmp_path):
 
 def test_ppo_resumes_with_its_critic(tmp_path):
     base = dict(model="tiny", out_dir=str(tmp_path), prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4,
-                lr=1e-3, eval_every=100, save_every=2)
+                lr=1e-3, eval_every=100, save_every=2, minibatch_size=2)
     train(preset("ppo", steps=3, **base), toy_task())
     assert (tmp_path / "checkpoint_critic" / "config.json").is_file()
     train(preset("ppo", steps=4, resume=True, **base), toy_task())
