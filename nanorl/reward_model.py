@@ -17,24 +17,35 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.config import RMConfig
-from nanorl.models import load_model
+from nanorl.models import ALIASES, load_model
 from nanorl.offline import encode_rows, fit, setup
 from nanorl.sampling import left_pad
 from nanorl.tasks.preferences import load_preferences, split
 
 
 def load_reward_model(name: str, device, dtype):
-    """A sequence-classification model (ours or any from the hub), or a fresh scalar head on the
-    backbone of a causal LM (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
+    """A sequence-classification model (ours, or a decoder-style one from the hub with a `score` head:
+    Llama, Qwen2, Mistral, Gemma, ...), or a fresh scalar head on the backbone of a causal LM
+    (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
     from pathlib import Path
 
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    if Path(name).is_dir() and any(a.endswith("ForSequenceClassification")
-                                   for a in AutoConfig.from_pretrained(name).architectures or []):
+    def is_classifier() -> bool:  # a folder or hub id of a sequence-classification model
+        if name in ALIASES or name.endswith(".gguf") or not (Path(name).is_dir() or "/" in name):
+            return False
+        try:
+            return any(a.endswith("ForSequenceClassification") for a in AutoConfig.from_pretrained(name).architectures or [])
+        except (OSError, ValueError):
+            return False
+
+    if is_classifier():
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
         tok = AutoTokenizer.from_pretrained(name)
         tok.pad_token = tok.pad_token or tok.eos_token
+        if not hasattr(model, "score"):
+            raise ValueError(f"reward model {name}: expected a decoder-style classifier with a `score` head "
+                             f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}")
         return model, tok
     lm, tok = load_model(name, device, dtype)
     config = lm.config
