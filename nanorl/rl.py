@@ -55,6 +55,7 @@ class Run:
         self.task = task or get_task(cfg.task, reward=cfg.reward, digits=cfg.digits, operators=cfg.operators,
                                      eval_size=cfg.eval_size, prompt_field=cfg.prompt_field,
                                      answer_field=cfg.answer_field, on_error=cfg.reward_errors)
+        self.task.on_error = cfg.reward_errors  # also for a Task built in Python
         self.ckpt_dir = self.out / "checkpoint"
         self.resuming = cfg.resume and (self.ckpt_dir / "trainer_state.pt").is_file()
         self.policy, self.tok = load_model(str(self.ckpt_dir) if self.resuming else cfg.model, self.device, self.dtype)

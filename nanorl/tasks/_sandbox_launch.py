@@ -24,20 +24,25 @@ def main() -> None:
         program = f.read()
     libc = ctypes.CDLL(None, use_errno=True)
     if os.geteuid() == 0:
+        # resolve the interpreter now: a venv under /tmp disappears once /tmp is a fresh tmpfs
+        real = os.path.realpath(sys.executable)
+        python = os.path.join("/tmp/.python", os.path.relpath(real, sys.base_prefix))
         if libc.unshare(CLONE_NEWNS | CLONE_NEWNET) != 0:
             sys.exit(f"sandbox: unshare failed (errno {ctypes.get_errno()})")
         libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+        prefix_fd = os.open(sys.base_prefix, os.O_RDONLY | os.O_DIRECTORY)  # in the new namespace
         for target in (b"/tmp", b"/var/tmp", b"/dev/shm", b"/run/lock"):  # the world-writable places
             if os.path.isdir(target):
                 if libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64m,mode=1777") != 0:
                     sys.exit(f"sandbox: tmpfs on {target!r} failed (errno {ctypes.get_errno()})")
         # the interpreter may live where the sandbox uid cannot reach (e.g. under /root): bind it, read-only
-        real = os.path.realpath(sys.executable)
-        base, python = "/tmp/.python", os.path.join("/tmp/.python", os.path.relpath(real, sys.base_prefix))
+        base = "/tmp/.python"
         os.mkdir(base, 0o755)
-        if libc.mount(sys.base_prefix.encode(), base.encode(), None, MS_BIND | MS_REC, None) != 0 or \
+        source = f"/proc/self/fd/{prefix_fd}".encode()  # the prefix, even if now hidden under a tmpfs
+        if libc.mount(source, base.encode(), None, MS_BIND | MS_REC, None) != 0 or \
                 libc.mount(None, base.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None) != 0:
             sys.exit(f"sandbox: binding the interpreter failed (errno {ctypes.get_errno()})")
+        os.close(prefix_fd)
         work = "/tmp/work"
         os.mkdir(work, 0o700)
         os.chown(work, cfg["uid"], cfg["uid"])
