@@ -94,7 +94,7 @@ code_reward.batch = _batch
 
 def code_task(eval_size: int = 10, seed: int = 0, path=None):
     """The built-in set (nanorl/tasks/data/code_tasks.jsonl): 40 small Python functions, each with a
-    prompt, 3-4 strict tests and a reference solution; `eval_size` of them are held out."""
+    prompt, 3-5 strict tests and a reference solution; `eval_size` of them are held out."""
     import random
     from pathlib import Path
 
