@@ -9,7 +9,9 @@ import torch
 
 def make_optimizer(model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, schedule: str):
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99), eps=1e-8)
+    # fused: one kernel over all parameters; on 2 CPU cores a step over 135M parameters takes 0.06 s
+    # instead of 0.3-2 s with the default foreach implementation (notes/LOG.md)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99), eps=1e-8, fused=True)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup_steps, total_steps, schedule))
 
 

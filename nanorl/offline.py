@@ -22,7 +22,7 @@ from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import encode_reply
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.log import RunLog
-from nanorl.models import load_model, resolve_device, resolve_dtype
+from nanorl.models import load_model, resolve_device, resolve_dtype, reuse_freed_memory
 
 
 def setup(cfg: OfflineConfig, name: str, load=load_model):
@@ -31,6 +31,8 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        reuse_freed_memory()
     model, tok = load(cfg.model, device, resolve_dtype(cfg.dtype, device))
     model.eval()  # no dropout: the reference pass and the update see the same function
     out = Path(cfg.out_dir)

@@ -51,8 +51,10 @@ def load_reward_model(name: str, device, dtype):
     config = lm.config
     config.num_labels, config.pad_token_id = 1, tok.pad_token_id
     model = AutoModelForSequenceClassification.from_config(config, dtype=dtype)
-    model.base_model.load_state_dict(lm.base_model.state_dict())  # the backbone; the head starts fresh
-    torch.nn.init.normal_(model.score.weight, std=1 / (config.hidden_size + 1) ** 0.5)
+    model.base_model.load_state_dict(lm.base_model.state_dict())  # the backbone
+    # The head starts at 0: a fresh critic predicts V = 0, so PPO's first advantages come from the rewards,
+    # not from a random head's noise (with a random head a real-model PPO run collapsed; notes/LOG.md).
+    torch.nn.init.zeros_(model.score.weight)
     del lm  # the language-model head is not needed: no second copy stays in memory
     return model.to(device), tok
 

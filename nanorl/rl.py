@@ -25,7 +25,7 @@ from nanorl.config import GRPOConfig, to_dict, validate
 from nanorl.data import render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.log import RunLog
-from nanorl.models import load_model, resolve_device, resolve_dtype, stop_token_ids
+from nanorl.models import load_model, resolve_device, resolve_dtype, reuse_freed_memory, stop_token_ids
 from nanorl.sampling import SamplingParams, generate
 from nanorl.tasks import Task, get_task
 
@@ -49,6 +49,8 @@ class Run:
         self.cfg, self.name, self.t_start = cfg, name, time.perf_counter()
         self.out = Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cpu":
+            reuse_freed_memory()
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

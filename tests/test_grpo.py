@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from nanorl import Example, GRPOConfig, Task, train
-from nanorl.grpo import backward_minibatch
+from nanorl.grpo import backward_minibatch, micro_batches
 from nanorl.advantages import group_advantages
 from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
-from nanorl.sampling import SamplingParams, generate
+from nanorl.sampling import Rollouts, SamplingParams, generate
 
 
 def letter_a(prompt, completion, **_):
@@ -44,6 +44,25 @@ def test_gradient_is_independent_of_micro_batch_size():
     assert grads[0].abs().max() > 0
     for g in grads[1:]:
         assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4)
+
+
+def _rollouts(prompt_lengths, completion_lengths, n):
+    prompts = [[7 + g] * p for g, p in enumerate(prompt_lengths) for _ in range(n)]
+    return Rollouts(prompts, [[1] * c for c in completion_lengths], [torch.zeros(c) for c in completion_lengths],
+                    [False] * len(prompts), n)
+
+
+def test_micro_batches_keep_groups_together_when_that_costs_less():
+    # 2 groups of 2, long prompts, completions interleaved in length: sorting by length would put both
+    # prompts in each micro-batch (2 x 40 + 2 x c); group by group prefills each prompt once.
+    roll = _rollouts([40, 40], [5, 6, 5, 6], n=2)
+    mbs = micro_batches([0, 1, 2, 3], roll, 2)
+    assert sorted(map(sorted, mbs)) == [[0, 1], [2, 3]]
+    # short prompts, very different lengths within each group: sorting by length pads less
+    roll = _rollouts([1, 1], [1, 30, 1, 30], n=2)
+    mbs = micro_batches([0, 1, 2, 3], roll, 2)
+    assert sorted(map(sorted, mbs)) == [[0, 2], [1, 3]]
+    assert sorted(i for mb in micro_batches([3, 0, 2], roll, 2) for i in mb) == [0, 2, 3]  # a subset, each once
 
 
 def test_grpo_learns_toy_task_and_changes_parameters(tmp_path):

@@ -98,3 +98,23 @@ def test_missing_model_paths_are_clear_errors(tmp_path):
         load_model(str(tmp_path / "missing.gguf"))
     with pytest.raises(FileNotFoundError, match="no_such_folder"):
         load_model(str(tmp_path / "no_such_folder"))
+
+
+def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient():
+    from nanorl.models import selected_logprobs
+
+    torch.manual_seed(0)
+    n, V, T = 200, 50_000, 0.7  # 200 rows span three chunks of 83
+    logits = (torch.randn(n, V) * 3).requires_grad_()
+    target = torch.randint(0, V, (n,))
+    weight = torch.randn(n)  # an arbitrary upstream gradient
+    logp, entropy = selected_logprobs(logits, target, T, with_entropy=True)
+    (logp * weight).sum().backward()
+    fast_grad, logits.grad = logits.grad, None
+    ref_all = torch.log_softmax(logits / T, -1)
+    ref = ref_all.gather(-1, target[:, None]).squeeze(-1)
+    (ref * weight).sum().backward()
+    assert torch.allclose(logp, ref, atol=1e-5)
+    assert torch.allclose(entropy, -(ref_all.exp() * ref_all).sum(-1), atol=1e-4)
+    assert torch.allclose(fast_grad, logits.grad, atol=1e-7, rtol=1e-5)
+    assert not entropy.requires_grad and selected_logprobs(logits, target)[1].abs().max() == 0  # not asked: 0

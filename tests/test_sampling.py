@@ -77,3 +77,19 @@ def test_top_k_and_top_p_truncate_sampling_not_logprobs():
     assert seen == {0, 1}  # smallest prefix with mass >= 0.8 is {0, 1}
     token, lp = sample_token(logits, SamplingParams(top_k=1), gen)
     assert token.item() == 0 and torch.allclose(lp, probs[0].log().unsqueeze(0))
+
+
+def test_sampled_frequencies_match_the_policy():
+    # 40,000 draws from known logits at temperature 2 (and renormalised after top-k): every frequency
+    # within 5 standard errors of its probability, and a zero-probability token never drawn
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0]).repeat(40_000, 1)
+    gen = torch.Generator().manual_seed(0)
+    for params, probs in ((SamplingParams(temperature=2.0), torch.softmax(logits[0] / 2, -1)),
+                          (SamplingParams(top_k=2), torch.softmax(logits[0, :2], -1))):
+        token, lp = sample_token(logits, params, gen)
+        freq = torch.bincount(token, minlength=5)[:len(probs)].double() / len(token)
+        stderr = (probs * (1 - probs) / len(token)).sqrt()
+        assert ((freq - probs).abs() <= 5 * stderr + 1e-12).all(), (freq, probs)
+        assert token.max() < len(probs)
+        expected = torch.log_softmax(logits[0] / params.temperature, -1)[token]  # the policy's, untruncated
+        assert torch.allclose(lp, expected)

@@ -1,0 +1,420 @@
+"""Speed and memory of one GRPO step: nanorl against TRL's GRPOTrainer, plain `generate`, and this
+machine's matmul roofline, side by side in one run.
+
+    pip install "trl>=1.16"                       # the peer; optional, only this benchmark needs it
+    python benchmarks/speed.py                    # SmolLM2-135M, 8 prompts x 8 samples, 32 new tokens
+    python benchmarks/speed.py --parts roofline,generate,nanorl --model tiny --reps 2   # smoke run
+
+Every part runs in its own subprocess, one after the other, so each one's peak resident memory is
+its own and no two share the cores. All parts use the same model, the same first prompts of the
+default run (seed 0, two-digit addition, chat template), temperature 1, no top-k / top-p, no KL
+term, learning rate 5e-6, and the same batch shape. Each part runs `--warmup` steps, then `--reps`
+timed ones; we report medians and the min-max spread.
+
+    roofline   sustained matmul FLOP/s (fp32 on CPU, bf16 on GPU) on the model's own weight shapes: forward at M = 64 rows
+               (decoding) and forward + both backward matmuls at M = 512 tokens (prefill and update).
+               Ideal times follow: 2 N FLOPs per token through the model, 6 N per trained token,
+               with N the weights that take part in matmuls (the tied embedding counts as the head).
+    generate   `model.generate` for the same 64 rows (each prompt repeated 8 times, as TRL does).
+    nanorl     a GRPO step of nanorl's own pieces (`Run.rollout_and_score`, the group advantage,
+               `backward_minibatch`, `optimizer_step`), timed phase by phase; the update is run twice:
+               as the loop runs it (rows whose advantage is exactly 0 are skipped) and with every one
+               of the 64 rows trained (the same work TRL does), on alternate steps.
+    trl        TRL's `GRPOTrainer`, the equivalent configuration (loss "dapo", beta 0, one
+               iteration, no gradient checkpointing, no vLLM), split with wrappers around its
+               `_generate` (generation), `_generate_and_score_completions` (generation + reward +
+               bookkeeping) and `compute_loss` (the loss forward); the rest of a step is backward + optimizer.
+
+Writes OUT/speed.json (everything) and OUT/table.md (the README's table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS, SAMPLES, NEW_TOKENS, LR, SEED = 8, 8, 32, 5e-6, 0
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def device_and_dtype(a):
+    """cuda + bf16 when a GPU is present (or asked for), else cpu + fp32 (bf16 is ~100x slower on CPUs
+    without bf16 units)."""
+    from nanorl.models import resolve_device, resolve_dtype
+
+    device = resolve_device(a.device)
+    return device, resolve_dtype("auto", device)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def memory(device) -> dict:
+    out = {"peak_rss_gib": peak_rss_gib()}
+    if device.type == "cuda":
+        out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def med(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def matmul_params(model) -> int:
+    """Weights that take part in matmuls: every Linear, including the LM head (tied or not)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def count_tokens(model) -> dict:
+    """Count the tokens every forward of `model`'s backbone processes (padding included)."""
+    seen = {"tokens": 0}
+
+    def hook(_module, _args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None:
+            seen["tokens"] += ids.numel()
+
+    model.base_model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen
+
+
+def first_prompts(cfg):
+    """The default run's first-step examples."""
+    from nanorl.rl import prompt_order
+    from nanorl.tasks import get_task
+
+    task = get_task(cfg.task, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size)
+    return task, [task.train[i] for i in prompt_order(len(task.train), SEED, 0, PROMPTS)]
+
+
+# ---------------------------------------------------------------------------------------------- parts
+def part_roofline(a) -> dict:
+    from nanorl.models import load_model
+
+    device, dtype = device_and_dtype(a)
+    model, _ = load_model(a.model, "cpu", torch.float32)
+    shapes = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) each
+    weights = {s: torch.randn(s, device=device, dtype=dtype) for s in set(shapes)}
+
+    def sweep(M: int, backward: bool) -> float:
+        """FLOP/s of one pass over all of the model's matmuls at M rows (forward, or forward + backward)."""
+        xs = {s: torch.randn(M, s[1], device=device, dtype=dtype) for s in weights}
+        gs = {s: torch.randn(M, s[0], device=device, dtype=dtype) for s in weights}
+        sync(device)
+        flops, t = 0, time.perf_counter()
+        for s in shapes:
+            w = weights[s]
+            xs[s] @ w.T  # forward
+            flops += 2 * M * s[0] * s[1]
+            if backward:
+                gs[s] @ w  # grad of the input
+                gs[s].T @ xs[s]  # grad of the weight
+                flops += 4 * M * s[0] * s[1]
+        sync(device)
+        return flops / (time.perf_counter() - t)
+
+    out = {}
+    for name, M, bw in (("decode_m64_fwd", 64, False), ("update_m512_fwd_bwd", 512, True)):
+        sweep(M, bw)  # warm-up
+        out[name] = med([sweep(M, bw) for _ in range(max(3, a.reps))])
+    return {"matmul_params": matmul_params(model), "flops": out, "dtype": str(dtype), "device": str(device)}
+
+
+def part_generate(a) -> dict:
+    from nanorl.config import GRPOConfig
+    from nanorl.data import render_prompt
+    from nanorl.models import load_model, stop_token_ids
+    from nanorl.sampling import left_pad
+
+    cfg = GRPOConfig(model=a.model)
+    device, dtype = device_and_dtype(a)
+    model, tok = load_model(a.model, device, dtype)
+    model.eval()
+    _, examples = first_prompts(cfg)
+    stops, pad = stop_token_ids(model, tok), tok.pad_token_id
+    rows = [render_prompt(tok, ex.prompt) for ex in examples for _ in range(SAMPLES)]  # 64 rows, as TRL
+    ids, mask = left_pad(rows, pad, device)
+    times, prefill, tokens = [], [], []
+    for r in range(a.warmup + a.reps):
+        torch.manual_seed(SEED + r)
+        with torch.no_grad():
+            sync(device)
+            t = time.perf_counter()
+            model(input_ids=ids, attention_mask=mask, logits_to_keep=1)  # the prefill alone
+            sync(device)
+            t_prefill = time.perf_counter() - t
+            t = time.perf_counter()
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=NEW_TOKENS, pad_token_id=pad, eos_token_id=stops)
+            sync(device)
+            dt = time.perf_counter() - t
+        new = out[:, ids.shape[1]:].tolist()
+        n = sum(next((i + 1 for i, x in enumerate(row) if x in stops), len(row)) for row in new)
+        if r >= a.warmup:
+            times.append(dt), prefill.append(t_prefill), tokens.append(n)
+    return {"time": med(times), "prefill_time": med(prefill), "tokens": med(tokens),
+            "tokens_per_s": med([n / t for n, t in zip(tokens, times)]), "prompt_tokens": int(mask.sum()),
+            **memory(device)}
+
+
+def nanorl_run(a):
+    """nanorl's run state for the benchmark batch: config, Run (models, task, sampler), examples, optimizer."""
+    from nanorl.config import GRPOConfig
+    from nanorl.learner import make_optimizer
+    from nanorl.rl import Run
+
+    cfg = GRPOConfig(model=a.model, lr=LR, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, device=a.device,
+                     max_new_tokens=NEW_TOKENS, eval_size=8, out_dir=tempfile.mkdtemp(prefix="nanorl_speed_"))
+    run = Run(cfg, None, "speed")
+    _, examples = first_prompts(cfg)
+    opt, sched = make_optimizer(run.policy, cfg.lr, 0.0, 0, 10_000, "constant")
+    return cfg, run, examples, opt, sched
+
+
+def part_nanorl(a) -> dict:
+    from nanorl.advantages import ESTIMATORS
+    from nanorl.grpo import backward_minibatch, merge_stats
+    from nanorl.learner import optimizer_step
+
+    cfg, run, examples, opt, sched = nanorl_run(a)
+    seen = count_tokens(run.policy)
+    rec = {k: [] for k in ("rollout", "reward", "update_as_run", "update_all_rows", "rollout_tokens",
+                           "update_tokens_as_run", "update_tokens_all_rows", "rows_as_run")}
+    for r in range(a.warmup + 2 * a.reps):
+        timer = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
+        roll, _, rewards, _ = run.rollout_and_score(examples, SEED * 1_000_003 + r, timer)  # (N,)
+        adv, _ = ESTIMATORS["group"](rewards, SAMPLES, True)  # (N,)
+        all_rows = r % 2 == 1
+        if all_rows:  # the work TRL does: every row carries a (here random, non-zero) advantage
+            adv = torch.randn(len(adv), generator=torch.Generator().manual_seed(r)).sign()
+        seen["tokens"] = 0
+        t = time.perf_counter()
+        stats = {}
+        merge_stats(stats, backward_minibatch(run.policy, None, roll, adv, list(range(len(adv))), cfg, True,
+                                              run.pad_id, run.device))
+        optimizer_step(run.policy, opt, sched, cfg.grad_clip)  # .item() inside: synchronised
+        dt = time.perf_counter() - t
+        if r < a.warmup:
+            continue
+        if not all_rows:
+            rec["rollout"].append(timer["rollout"]), rec["reward"].append(timer["reward"])
+            rec["rollout_tokens"].append(timer["tokens"])
+            rec["update_as_run"].append(dt), rec["update_tokens_as_run"].append(seen["tokens"])
+            rec["rows_as_run"].append(int((adv != 0).sum()))
+        else:
+            rec["update_all_rows"].append(dt), rec["update_tokens_all_rows"].append(seen["tokens"])
+    out = {k: med(v) for k, v in rec.items()}
+    out["rollout_tokens_per_s"] = med([n / t for n, t in zip(rec["rollout_tokens"], rec["rollout"])])
+    return {**out, **memory(run.device)}
+
+
+def part_trl(a) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer
+
+    from nanorl.config import GRPOConfig
+    from nanorl.models import load_model
+
+    cfg = GRPOConfig(model=a.model)
+    task, examples = first_prompts(cfg)
+    device, dtype = device_and_dtype(a)
+    model, tok = load_model(a.model, device, dtype)
+    steps = a.warmup + a.reps
+    by_prompt = {ex.prompt: ex for ex in task.train}
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": ex.prompt}]} for ex in examples] * steps)
+
+    def reward(prompts, completions, **_):
+        return task.score([by_prompt[p[-1]["content"]] for p in prompts], [c[0]["content"] for c in completions])
+
+    args = TRLConfig(output_dir=tempfile.mkdtemp(prefix="trl_speed_"), per_device_train_batch_size=PROMPTS * SAMPLES,
+                     num_generations=SAMPLES, max_completion_length=NEW_TOKENS, temperature=1.0, top_k=0, top_p=1.0,
+                     learning_rate=LR, beta=0.0, loss_type="dapo", num_iterations=1, gradient_accumulation_steps=1,
+                     gradient_checkpointing=False, bf16=dtype == torch.bfloat16, use_cpu=device.type == "cpu",
+                     max_steps=steps, logging_steps=1,
+                     report_to="none", save_strategy="no", shuffle_dataset=False, seed=SEED, disable_dropout=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    seen = count_tokens(trainer.model)
+    clock = {"generate": 0.0, "gen_and_score": 0.0, "loss_forward": 0.0, "loss_tokens": 0}
+
+    def timed(name, fn, tokens=False):
+        def wrapper(*args, **kwargs):
+            before, t = seen["tokens"], time.perf_counter()
+            out = fn(*args, **kwargs)
+            clock[name] += time.perf_counter() - t
+            if tokens:
+                clock["loss_tokens"] += seen["tokens"] - before
+            return out
+        return wrapper
+
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._generate_and_score_completions = timed("gen_and_score", trainer._generate_and_score_completions)
+    trainer.compute_loss = timed("loss_forward", trainer.compute_loss, tokens=True)
+    rec = {k: [] for k in ("step", "generate", "gen_and_score", "loss_forward", "backward_and_optimizer",
+                           "loss_tokens", "generated_tokens")}
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, *_args, **_kw):
+            self.t = time.perf_counter()
+            clock.update(generate=0.0, gen_and_score=0.0, loss_forward=0.0, loss_tokens=0)
+
+        def on_step_end(self, _args, state, *_a, **_kw):
+            dt = time.perf_counter() - self.t
+            if state.global_step > a.warmup:
+                rec["step"].append(dt)
+                for k in ("generate", "gen_and_score", "loss_forward", "loss_tokens"):
+                    rec[k].append(clock[k])
+                rec["backward_and_optimizer"].append(dt - clock["gen_and_score"] - clock["loss_forward"])
+
+        def on_log(self, _args, state, _control, logs=None, **_kw):
+            if logs and "completions/mean_length" in logs and state.global_step > a.warmup:
+                rec["generated_tokens"].append(logs["completions/mean_length"] * PROMPTS * SAMPLES)
+
+    trainer.add_callback(Steps())
+    trainer.train()
+    out = {k: med(v) for k, v in rec.items() if v}
+    if rec["generated_tokens"]:
+        out["generate_tokens_per_s"] = med([n / t for n, t in zip(rec["generated_tokens"], rec["generate"])])
+    import trl
+
+    out["version"] = trl.__version__
+    return {**out, **memory(device)}
+
+
+def part_profile(a) -> dict:
+    """torch.profiler over one nanorl step (rollout + an update of every row): the top operators by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanorl.grpo import backward_minibatch
+    from nanorl.learner import optimizer_step
+
+    cfg, run, examples, opt, sched = nanorl_run(a)
+    tables = {}
+    for r in range(2):  # a warm-up step, then the profiled one
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            roll, _, _, _ = run.rollout_and_score(examples, SEED * 1_000_003 + r, {"rollout": 0.0, "reward": 0.0,
+                                                                                   "tokens": 0})
+            t_roll = time.perf_counter() - t
+        tables["rollout"] = (t_roll, prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        adv = torch.randn(len(roll.completion_ids), generator=torch.Generator().manual_seed(r)).sign()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            backward_minibatch(run.policy, None, roll, adv, list(range(len(adv))), cfg, True, run.pad_id, run.device)
+            optimizer_step(run.policy, opt, sched, cfg.grad_clip)
+            t_upd = time.perf_counter() - t
+        tables["update"] = (t_upd, prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    text = "".join(f"## {k}: {t:.2f} s (profiled)\n\n{tab}\n" for k, (t, tab) in tables.items())
+    return {"text": text, "peak_rss_gib": peak_rss_gib()}
+
+
+PARTS = {"roofline": part_roofline, "generate": part_generate, "nanorl": part_nanorl, "trl": part_trl,
+         "profile": part_profile}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def report(res: dict, a) -> str:
+    """The README table: ratios from this one run."""
+    roof_info = res.get("roofline", {})
+    lines = [f"Model {a.model}, {roof_info.get('device', '')} {roof_info.get('dtype', '')}, "
+             f"{PROMPTS} prompts x {SAMPLES} samples, {NEW_TOKENS} new tokens, "
+             f"{torch.get_num_threads()} threads, medians of {a.reps} (min-max).", ""]
+    fmt = lambda d: f"{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f})"  # noqa: E731
+    gib = lambda r: f"{r['peak_rss_gib']:.2f} GiB"  # noqa: E731
+    n, g, t, roof = res.get("nanorl"), res.get("generate"), res.get("trl"), res.get("roofline")
+    lines += ["| | nanorl | TRL GRPOTrainer | ratio |", "|---|---|---|---|"]
+    if n and t:
+        step_as_run = n["rollout"]["median"] + n["reward"]["median"] + n["update_as_run"]["median"]
+        step_all = n["rollout"]["median"] + n["reward"]["median"] + n["update_all_rows"]["median"]
+        rows = [("step, every row trained (the same work)", step_all, t["step"]["median"]),
+                ("step, as the loop runs (zero-advantage rows skipped)", step_as_run, t["step"]["median"]),
+                ("rollout: generation (+ reward and bookkeeping for TRL)", n["rollout"]["median"] + n["reward"]["median"],
+                 t["gen_and_score"]["median"]),
+                ("update, every row (loss forward + backward + optimizer)", n["update_all_rows"]["median"],
+                 t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"])]
+        lines += [f"| {name} | {x:.2f} s | {y:.2f} s | {x / y:.2f}x |" for name, x, y in rows]
+        lines.append(f"| peak resident memory | {gib(n)} | {gib(t)} | {n['peak_rss_gib'] / t['peak_rss_gib']:.2f}x |")
+    lines.append("")
+    if n and g:
+        lines.append(f"- Rollout against plain `generate` for the same 64 rows: nanorl "
+                     f"{n['rollout_tokens_per_s']['median']:.0f} tokens/s, generate {g['tokens_per_s']['median']:.0f} "
+                     f"tokens/s ({n['rollout_tokens_per_s']['median'] / g['tokens_per_s']['median']:.2f}x); generate "
+                     f"took {fmt(g['time'])}, of which its prefill of 64 rows {g['prefill_time']['median']:.2f} s.")
+    if roof and n:
+        N, fl = roof["matmul_params"], roof["flops"]
+        big, small = fl["update_m512_fwd_bwd"]["median"], fl["decode_m64_fwd"]["median"]
+        ideal_update = 6 * N * n["update_tokens_all_rows"]["median"] / big
+        ideal_roll = 2 * N * n["rollout_tokens"]["median"] / small
+        lines.append(f"- Matmul roofline ({N / 1e6:.1f}M matmul weights): {big / 1e9:.0f} GFLOP/s at M=512 (forward + "
+                     f"backward), {small / 1e9:.0f} GFLOP/s at M=64 (decode). nanorl's update of every row processes "
+                     f"{n['update_tokens_all_rows']['median']:.0f} tokens (padding included): ideal {ideal_update:.2f} s, "
+                     f"measured {n['update_all_rows']['median']:.2f} s = {ideal_update / n['update_all_rows']['median']:.0%} "
+                     f"of the roofline. Rollout: {n['rollout_tokens']['median']:.0f} generated tokens, ideal "
+                     f"{ideal_roll:.2f} s at the decode rate, measured {n['rollout']['median']:.2f} s "
+                     f"({ideal_roll / n['rollout']['median']:.0%}).")
+        if t and "loss_tokens" in t:
+            ideal_t = 6 * N * t["loss_tokens"]["median"] / big
+            upd_t = t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"]
+            lines.append(f"- TRL's update processes {t['loss_tokens']['median']:.0f} tokens: ideal {ideal_t:.2f} s, "
+                         f"measured {upd_t:.2f} s = {ideal_t / upd_t:.0%} of the roofline.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--parts", default="roofline,generate,nanorl,trl")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--reps", type=int, default=3, help="timed steps per part (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--device", default="auto", help="auto (cuda + bf16 if present, else cpu + fp32) | cpu | cuda")
+    p.add_argument("--out", default="results/speed")
+    p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one part, print JSON
+    a = p.parse_args()
+    if a.worker:
+        print("RESULT " + json.dumps(PARTS[a.worker](a)))
+        return
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res = {"commit": commit, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+           "torch": torch.__version__, "command": " ".join(sys.argv)}
+    for part in a.parts.split(","):
+        if part not in PARTS:
+            raise SystemExit(f"--parts: unknown part '{part}' (choose from {', '.join(PARTS)})")
+        t = time.perf_counter()
+        cmd = [sys.executable, __file__, "--worker", part, "--model", a.model, "--reps", str(a.reps),
+               "--warmup", str(a.warmup), "--device", a.device]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if proc.returncode or line is None:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
+            raise SystemExit(f"part '{part}' failed (exit {proc.returncode})")
+        res[part] = json.loads(line[len("RESULT "):])
+        if part == "profile":
+            (out / "profile_nanorl.txt").write_text(res[part].pop("text"))
+        print(f"[speed] {part}: {time.perf_counter() - t:.0f} s", flush=True)
+        (out / "speed.json").write_text(json.dumps(res, indent=2))
+    table = report(res, a)
+    (out / "table.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
