@@ -1,7 +1,7 @@
 """Speed and memory of one GRPO step: nanorl against TRL's GRPOTrainer, plain `generate`, and this
 machine's matmul roofline, side by side in one run.
 
-    pip install "trl>=1.16"                       # the peer; optional, only this benchmark needs it
+    pip install -e ".[bench]"                     # the peer, TRL >= 1.16; only this benchmark needs it
     python benchmarks/speed.py                    # SmolLM2-135M, 8 prompts x 8 samples, 32 new tokens
     python benchmarks/speed.py --parts roofline,generate,nanorl --model tiny --reps 2   # smoke run
 

@@ -17,6 +17,13 @@ SMALL = dict(model="tiny", steps=2, prompts_per_step=2, samples_per_prompt=4, ma
              warmup_steps=0, eval_every=100, save_every=0)
 
 
+def varied_task():
+    """A reward that differs between almost any two random completions (the share of lowercase letters),
+    so every step has groups with signal whatever the sampler draws."""
+    return Task("lowercase", train=[Example(f"q{i}") for i in range(40)], eval=[Example(f"e{i}") for i in range(4)],
+                reward=lambda prompt, completion, **_: sum(c.islower() for c in completion) / max(len(completion), 1))
+
+
 def _metrics(out_dir):
     return [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
 
@@ -28,7 +35,7 @@ def test_every_algorithm_runs_and_changes_parameters(tmp_path, algo):
     cfg = preset(algo, out_dir=str(tmp_path), **SMALL, **({"minibatch_size": 4} if algo == "ppo" else {}))
     for key, value in PRESETS[algo].items():
         assert getattr(cfg, key) == {**SMALL, "minibatch_size": 4}.get(key, value)  # the preset, unless given
-    train(cfg, toy_task())
+    train(cfg, varied_task())
     before = tiny_model_and_tokenizer()[0].state_dict()
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "model").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
