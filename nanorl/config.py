@@ -79,7 +79,7 @@ class GRPOConfig(RunConfig):
     target_kl: float = _f(0.0, "stop the epochs of a step early once the approximate KL to the rollout policy exceeds this (0 = off)")
     # --- optimisation
     lr: float = _f(2e-5, "peak AdamW learning rate")
-    lr_schedule: str = _f("constant", "after warmup: constant | cosine | linear (to 10% of peak)")
+    lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear (to 10% of peak)")
     warmup_steps: int = _f(3, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
