@@ -24,6 +24,8 @@ timed ones; we report medians and the min-max spread.
                iteration, no gradient checkpointing, no vLLM), split with wrappers around its
                `_generate` (generation), `_generate_and_score_completions` (generation + reward +
                bookkeeping) and `compute_loss` (the loss forward); the rest of a step is backward + optimizer.
+    profile    torch.profiler over one nanorl step (rollout, and an update of every row): the top
+               operators by self time, written to OUT/profile_nanorl.txt.
 
 Writes OUT/speed.json (everything) and OUT/table.md (the README's table).
 """
@@ -189,7 +191,7 @@ def nanorl_run(a):
 
 def part_nanorl(a) -> dict:
     from nanorl.advantages import ESTIMATORS
-    from nanorl.grpo import backward_minibatch, merge_stats
+    from nanorl.grpo import backward_minibatch
     from nanorl.learner import optimizer_step
 
     cfg, run, examples, opt, sched = nanorl_run(a)
@@ -205,9 +207,7 @@ def part_nanorl(a) -> dict:
             adv = torch.randn(len(adv), generator=torch.Generator().manual_seed(r)).sign()
         seen["tokens"] = 0
         t = time.perf_counter()
-        stats = {}
-        merge_stats(stats, backward_minibatch(run.policy, None, roll, adv, list(range(len(adv))), cfg, True,
-                                              run.pad_id, run.device))
+        backward_minibatch(run.policy, None, roll, adv, list(range(len(adv))), cfg, True, run.pad_id, run.device)
         optimizer_step(run.policy, opt, sched, cfg.grad_clip)  # .item() inside: synchronised
         dt = time.perf_counter() - t
         if r < a.warmup:
@@ -379,7 +379,7 @@ def report(res: dict, a) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", default="roofline,generate,nanorl,trl")
+    p.add_argument("--parts", default="roofline,generate,nanorl,trl,profile")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--reps", type=int, default=3, help="timed steps per part (after the warm-up)")
     p.add_argument("--warmup", type=int, default=1)

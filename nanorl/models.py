@@ -41,14 +41,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def reuse_freed_memory() -> None:
+def reuse_freed_memory(device: torch.device) -> None:
     """Keep freed memory for the next tensor instead of giving it back to the OS (glibc malloc only).
 
     By default glibc maps every allocation above 32 MB (a (V, H) gradient, a (b, C, V) logits tensor)
     with fresh pages and unmaps it on free, so each one pays a page fault per 4 KiB on first touch:
     here an embedding backward took 20-300 ms that way and 3.5 ms with the heap reused. Called by the
-    training loops on CPU; peak memory is unchanged, but it stays reserved until the process exits."""
-    if sys.platform != "linux":
+    training loops; CPU only. Peak memory is unchanged, but it stays reserved until the process exits."""
+    if device.type != "cpu" or sys.platform != "linux":
         return
     try:
         libc = ctypes.CDLL("libc.so.6")

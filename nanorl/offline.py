@@ -31,8 +31,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
-    if device.type == "cpu":
-        reuse_freed_memory()
+    reuse_freed_memory(device)
     model, tok = load(cfg.model, device, resolve_dtype(cfg.dtype, device))
     model.eval()  # no dropout: the reference pass and the update see the same function
     out = Path(cfg.out_dir)

@@ -49,8 +49,7 @@ class Run:
         self.cfg, self.name, self.t_start = cfg, name, time.perf_counter()
         self.out = Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
-        if self.device.type == "cpu":
-            reuse_freed_memory()
+        reuse_freed_memory(self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
