@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -56,6 +57,57 @@ def reuse_freed_memory(device: torch.device) -> None:
         return
     libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve large allocations from the heap
     libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: keep the heap's free top for reuse
+
+
+# ----------------------------------------------------------------------------- fast fp32 matmuls on CPU
+
+
+def _dnn(x, w, b=None):
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")  # x @ w.T + b
+
+
+class _DnnLinear(torch.autograd.Function):
+    """F.linear with oneDNN doing the forward matmul and the input gradient dx = g W."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _dnn(x, weight, bias)  # (..., N)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g, x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, N), (M, K)
+        dx = _dnn(g, weight.t()).view(*grad.shape[:-1], -1) if ctx.needs_input_grad[0] else None  # (..., K)
+        dw = g.t() @ x if ctx.needs_input_grad[1] else None  # (N, K); MKL: oneDNN was slower for this one
+        db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+@contextmanager
+def onednn_linears(model):
+    """Inside the block, fp32 nn.Linear layers on CPU run their matmuls through oneDNN instead of MKL.
+
+    On this project's CPU (AMD EPYC, AVX-512) MKL's sgemm reaches 150-200 GFLOP/s on the model's
+    shapes and oneDNN 300-470 (benchmarks/speed.py, roofline); the values agree to rounding
+    (tests/test_models.py). With gradients off (the sampler) each weight is reordered once into
+    oneDNN's blocked layout, so it must not change inside the block. Elsewhere a no-op."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
+               and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
+    if not torch.backends.mkldnn.is_available():
+        linears = []
+    for m in linears:
+        if torch.is_grad_enabled():
+            m.forward = lambda x, m=m: _DnnLinear.apply(x, m.weight, m.bias)
+        else:
+            w = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 64)
+            m.forward = lambda x, w=w, b=m.bias: _dnn(x, w, b)
+    try:
+        yield
+    finally:
+        for m in linears:
+            m.__dict__.pop("forward", None)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -206,6 +258,11 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
     computed only at positions that predict completion tokens, never for the prompt.
     Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C), without gradient.
     """
+    with onednn_linears(model):
+        return _token_logprobs(model, batch, temperature, with_entropy)
+
+
+def _token_logprobs(model, batch, temperature: float, with_entropy: bool):
     from transformers import DynamicCache
 
     kw = cache_kwarg(model)

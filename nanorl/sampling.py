@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nanorl.models import cache_kwarg
+from nanorl.models import cache_kwarg, onednn_linears
 
 
 @dataclass
@@ -94,6 +94,11 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Genera
 def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
              seed: int, pad_id: int = 0) -> Rollouts:
     """Sample n completions for each prompt; deterministic for a given seed, model and device."""
+    with onednn_linears(model):
+        return _generate(model, prompts, n, params, stop_ids, seed, pad_id)
+
+
+def _generate(model, prompts, n, params, stop_ids, seed, pad_id) -> Rollouts:
     from transformers import DynamicCache
 
     device = next(model.parameters()).device

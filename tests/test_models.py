@@ -118,3 +118,35 @@ def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient():
     assert torch.allclose(entropy, -(ref_all.exp() * ref_all).sum(-1), atol=1e-4)
     assert torch.allclose(fast_grad, logits.grad, atol=1e-7, rtol=1e-5)
     assert not entropy.requires_grad and selected_logprobs(logits, target)[1].abs().max() == 0  # not asked: 0
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
+    from nanorl.models import onednn_linears
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(96, 160, bias=bias), torch.nn.SiLU(), torch.nn.Linear(160, 96, bias=bias))
+    half = torch.nn.Linear(8, 8).to(torch.bfloat16)  # not fp32: left alone
+    x = torch.randn(3, 7, 96, requires_grad=True)
+    params = [x, *net.parameters()]
+
+    def run():
+        y = net(x)  # (3, 7, 96)
+        grads = torch.autograd.grad((y * torch.linspace(-1, 1, 96)).square().sum(), params)
+        return y.detach(), grads
+
+    ref_y, ref_grads = run()
+    with onednn_linears(net), onednn_linears(half):
+        assert "forward" in net[0].__dict__ and "forward" not in half.__dict__
+        with onednn_linears(net):  # nested: a no-op, and leaving it keeps the outer one
+            pass
+        assert "forward" in net[0].__dict__
+        y, grads = run()
+        with torch.no_grad():
+            packed = net(x)  # weights reordered once into oneDNN's layout
+    assert not any("forward" in m.__dict__ for m in net.modules())  # restored
+    torch.testing.assert_close(y, ref_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed, ref_y, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
