@@ -4,6 +4,7 @@ nanorl's own curve.
     pip install -e ".[bench]"
     python benchmarks/trl_curve.py                          # ~45 min on a 2-core CPU
     python benchmarks/trl_curve.py --steps 2 --eval-every 1 --eval-size 8 --model tiny   # smoke run
+    python benchmarks/trl_curve.py --report-only     # redo table and plot from OUT/curve.json and --nanorl-run
 
 TRL gets the default `nanorl train` configuration, setting by setting: SmolLM2-135M-Instruct, fp32,
 two-digit addition under the chat template, 8 prompts x 8 completions a step, 32 new tokens,
@@ -50,7 +51,12 @@ def main() -> None:
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--nanorl-run", default="results/grpo_default_seed0")
     p.add_argument("--out", default="results/trl_curve")
+    p.add_argument("--report-only", action="store_true", help="reuse the TRL curve in OUT/curve.json; no training")
     a = p.parse_args()
+    out = Path(a.out)
+    if a.report_only:
+        report(json.loads((out / "curve.json").read_text()), Path(a.nanorl_run), out)
+        return
 
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -75,7 +81,6 @@ def main() -> None:
     def reward(prompts, completions, **_):
         return task.score([by_prompt[p[-1]["content"]] for p in prompts], [c[0]["content"] for c in completions])
 
-    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     n = cfg.prompts_per_step * cfg.samples_per_prompt
     args = TRLConfig(output_dir=tempfile.mkdtemp(prefix="trl_curve_"), per_device_train_batch_size=n,
@@ -120,14 +125,18 @@ def main() -> None:
     # ----------------------------------------------------------------------------- report
     import trl
 
-    res = {"trl_version": trl.__version__, "command": "python benchmarks/trl_curve.py", "trl": rec}
-    mine = Path(a.nanorl_run)
-    if (mine / "eval.jsonl").is_file():
-        res["nanorl"] = {"run": str(mine), "curve": nanorl_curve(mine)}
+    report({"trl_version": trl.__version__, "command": "python benchmarks/trl_curve.py", "trl": rec},
+           Path(a.nanorl_run), out)
+
+
+def report(res: dict, nanorl_run: Path, out: Path) -> None:
+    """Add nanorl's curve to `res`, write OUT/curve.json, OUT/table.md and OUT/curve.png, print the table."""
+    if (nanorl_run / "eval.jsonl").is_file():
+        res["nanorl"] = {"run": str(nanorl_run), "curve": nanorl_curve(nanorl_run)}
     (out / "curve.json").write_text(json.dumps(res, indent=1))
     rows = ["| step | nanorl min | nanorl acc | TRL min | TRL acc |", "|---|---|---|---|---|"]
     ours = {c["step"]: c for c in res.get("nanorl", {}).get("curve", [])}
-    for c in rec["curve"]:
+    for c in res["trl"]["curve"]:
         o = ours.get(c["step"])
         rows.append(f"| {c['step']} | {o['minutes']:.1f} | {o['acc']:.1%} | {c['minutes']:.1f} | {c['acc']:.1%} |"
                     if o else f"| {c['step']} | - | - | {c['minutes']:.1f} | {c['acc']:.1%} |")
@@ -141,7 +150,7 @@ def main() -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, curve in (("nanorl", res.get("nanorl", {}).get("curve", [])), ("TRL GRPOTrainer", rec["curve"])):
+    for name, curve in (("nanorl", res.get("nanorl", {}).get("curve", [])), ("TRL GRPOTrainer", res["trl"]["curve"])):
         if curve:
             ax.plot([c["minutes"] for c in curve], [c["acc"] for c in curve], "o-", label=name)
     ax.set_xlabel("training minutes (2-core CPU, fp32)")
