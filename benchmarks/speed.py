@@ -201,6 +201,7 @@ def nanorl_run(a):
     from nanorl.rl import Run
 
     cfg = GRPOConfig(model=a.model, lr=LR, prompts_per_step=PROMPTS, samples_per_prompt=SAMPLES, device=a.device,
+                     micro_batch_size=a.micro_batch_size,
                      max_new_tokens=NEW_TOKENS, eval_size=8, out_dir=tempfile.mkdtemp(prefix="nanorl_speed_"))
     run = Run(cfg, None, "speed")
     _, examples = first_prompts(cfg)
@@ -414,6 +415,7 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--reps", type=int, default=3, help="timed steps per part (after the warm-up)")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--micro-batch-size", type=int, default=16, help="nanorl's rows per forward/backward (config default 16)")
     p.add_argument("--device", default="auto", help="auto (cuda + bf16 if present, else cpu + fp32) | cpu | cuda")
     p.add_argument("--out", default="results/speed")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one part, print JSON
@@ -431,7 +433,7 @@ def main() -> None:
             raise SystemExit(f"--parts: unknown part '{part}' (choose from {', '.join(PARTS)})")
         t = time.perf_counter()
         cmd = [sys.executable, __file__, "--worker", part, "--model", a.model, "--reps", str(a.reps),
-               "--warmup", str(a.warmup), "--device", a.device]
+               "--warmup", str(a.warmup), "--device", a.device, "--micro-batch-size", str(a.micro_batch_size)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode or line is None:
