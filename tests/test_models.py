@@ -128,8 +128,9 @@ def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(96, 160, bias=bias), torch.nn.SiLU(), torch.nn.Linear(160, 96, bias=bias))
     half = torch.nn.Linear(8, 8).to(torch.bfloat16)  # not fp32: left alone
-    x = torch.randn(3, 7, 96, requires_grad=True)
-    params = [x, *net.parameters()]
+    base = torch.randn(3, 96, 7, requires_grad=True)
+    x = base.transpose(1, 2)  # (3, 7, 96), not contiguous
+    params = [base, *net.parameters()]
 
     def run():
         y = net(x)  # (3, 7, 96)
