@@ -19,10 +19,11 @@ def make_optimizer(model, lr: float, weight_decay: float, warmup_steps: int, tot
 def allocate_state(opt) -> None:
     """Create the gradients and AdamW's two moments now, before any activation exists, and keep them.
 
-    Allocated lazily, the moments land in the space the first step's activations just freed, and the
-    next step's activations then need new memory on top: 1.1 GiB more peak for the default model on
-    CPU (notes/LOG.md). One step with zero gradients at lr 0 creates the state without changing a
-    weight; the step counters go back to 0, so the math is that of a fresh optimizer."""
+    Allocated lazily, the moments land in the space the first step's activations just freed, so the
+    second step's activations fault in fresh pages: on this CPU its backward took 12.6 s instead of
+    8.6 s (notes/LOG.md; the peak is the same either way, it is just reached in the first step, so a
+    run that does not fit fails at once). One step with zero gradients at lr 0 creates the state
+    without changing a weight; the step counters go back to 0: the math of a fresh optimizer."""
     lrs = [g["lr"] for g in opt.param_groups]
     for g in opt.param_groups:
         g["lr"] = 0.0
