@@ -89,14 +89,14 @@ class _DnnLinear(torch.autograd.Function):
 def onednn_linears(model):
     """Inside the block, fp32 nn.Linear layers on CPU run their matmuls through oneDNN instead of MKL.
 
-    On this project's CPU (AMD EPYC, AVX-512) MKL's sgemm reaches 150-200 GFLOP/s on the model's
+    On this project's CPU (AMD EPYC, AVX-512) MKL's sgemm reaches 120-200 GFLOP/s on the model's
     shapes and oneDNN 300-470 (benchmarks/speed.py, roofline); the values agree to rounding
     (tests/test_models.py). With gradients off (the sampler) each weight is reordered once into
     oneDNN's blocked layout, so it must not change inside the block. Elsewhere a no-op."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
-    if not torch.backends.mkldnn.is_available():
-        linears = []
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        linears = []  # a build without oneDNN, or a torch without these ops
     for m in linears:
         if torch.is_grad_enabled():
             m.forward = lambda x, m=m: _DnnLinear.apply(x, m.weight, m.bias)
