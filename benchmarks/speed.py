@@ -108,6 +108,7 @@ def first_prompts(cfg):
 
 # ---------------------------------------------------------------------------------------------- parts
 def part_roofline(a) -> dict:
+    from nanorl.models import _dnn as dnn  # the call nanorl's linears make on CPU
     from nanorl.models import load_model
 
     device, dtype = device_and_dtype(a)
@@ -116,7 +117,6 @@ def part_roofline(a) -> dict:
     weights = {s: torch.randn(s, device=device, dtype=dtype) for s in set(shapes)}
     # Two libraries on CPU: torch's own matmul (MKL's sgemm for fp32) and oneDNN (what nanorl's linears use on
     # CPU, models.onednn_linears). The roofline is the faster of the two for each kind of matmul.
-    dnn = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")  # noqa: E731
     libs = {"torch": {"fwd": lambda x, w: x @ w.T, "dx": lambda g, w: g @ w, "dw": lambda g, x: g.T @ x}}
     if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
         libs["onednn"] = {"fwd": dnn, "dx": lambda g, w: dnn(g, w.T), "dw": lambda g, x: dnn(g.T, x.T)}

@@ -86,23 +86,24 @@ class _DnnLinear(torch.autograd.Function):
 
 
 @contextmanager
-def onednn_linears(model):
+def onednn_linears(model, pack_weights: bool = False):
     """Inside the block, fp32 nn.Linear layers on CPU run their matmuls through oneDNN instead of MKL.
 
     On this project's CPU (AMD EPYC, AVX-512) MKL's sgemm reaches 120-200 GFLOP/s on the model's
     shapes and oneDNN 300-470 (benchmarks/speed.py, roofline); the values agree to rounding
-    (tests/test_models.py). With gradients off (the sampler) each weight is reordered once into
-    oneDNN's blocked layout, so it must not change inside the block. Elsewhere a no-op."""
+    (tests/test_models.py). pack_weights (the sampler, no gradients): each weight is reordered once
+    into oneDNN's blocked layout (0.1 s for the 135M model, 15-20% faster decoding matmuls), so it
+    must not change inside the block; a single forward would not earn that back. Elsewhere a no-op."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         linears = []  # a build without oneDNN, or a torch without these ops
     for m in linears:
-        if torch.is_grad_enabled():
-            m.forward = lambda x, m=m: _DnnLinear.apply(x, m.weight, m.bias)
-        else:
+        if pack_weights:
             w = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 64)
             m.forward = lambda x, w=w, b=m.bias: _dnn(x, w, b)
+        else:
+            m.forward = lambda x, m=m: _DnnLinear.apply(x, m.weight, m.bias)
     try:
         yield
     finally:

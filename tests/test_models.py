@@ -145,9 +145,12 @@ def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
         assert "forward" in net[0].__dict__
         y, grads = run()
         with torch.no_grad():
-            packed = net(x)  # weights reordered once into oneDNN's layout
+            unpacked = net(x)
+    with torch.no_grad(), onednn_linears(net, pack_weights=True):
+        packed = net(x)  # weights reordered once into oneDNN's layout
     assert not any("forward" in m.__dict__ for m in net.modules())  # restored
     torch.testing.assert_close(y, ref_y, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(packed, ref_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(unpacked, ref_y, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
