@@ -108,7 +108,7 @@ def first_prompts(cfg):
 
 # ---------------------------------------------------------------------------------------------- parts
 def part_roofline(a) -> dict:
-    from nanorl.models import _dnn as dnn  # the call nanorl's linears make on CPU
+    from nanorl.cpu import _dnn as dnn  # the call nanorl's linears make on CPU
     from nanorl.models import load_model
 
     device, dtype = device_and_dtype(a)
@@ -116,7 +116,7 @@ def part_roofline(a) -> dict:
     shapes = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) each
     weights = {s: torch.randn(s, device=device, dtype=dtype) for s in set(shapes)}
     # Two libraries on CPU: torch's own matmul (MKL's sgemm for fp32) and oneDNN (what nanorl's linears use on
-    # CPU, models.onednn_linears). The roofline is the faster of the two for each kind of matmul.
+    # CPU, cpu.fast_cpu). The roofline is the faster of the two for each kind of matmul.
     libs = {"torch": {"fwd": lambda x, w: x @ w.T, "dx": lambda g, w: g @ w, "dw": lambda g, x: g.T @ x}}
     if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
         libs["onednn"] = {"fwd": dnn, "dx": lambda g, w: dnn(g, w.T), "dw": lambda g, x: dnn(g.T, x.T)}
@@ -410,12 +410,15 @@ def report(res: dict, a) -> str:
 
 
 def main() -> None:
+    from nanorl.config import GRPOConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", default="roofline,generate,nanorl,trl,profile")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--reps", type=int, default=3, help="timed steps per part (after the warm-up)")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--micro-batch-size", type=int, default=16, help="nanorl's rows per forward/backward (config default 16)")
+    p.add_argument("--micro-batch-size", type=int, default=GRPOConfig.micro_batch_size,
+                   help="nanorl's rows per forward/backward (default: the config default)")
     p.add_argument("--device", default="auto", help="auto (cuda + bf16 if present, else cpu + fp32) | cpu | cuda")
     p.add_argument("--out", default="results/speed")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one part, print JSON

@@ -85,7 +85,7 @@ class GRPOConfig(RunConfig):
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
     epochs: int = _f(1, "passes over each rollout batch")
     minibatch_size: int = _f(0, "sequences per optimizer step (0 = whole batch, fully on-policy)")
-    micro_batch_size: int = _f(16, "sequences per forward/backward (gradient accumulation; no effect on the math)")
+    micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation; no effect on the math)")
     # --- eval, logging, checkpoints
     eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")

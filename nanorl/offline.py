@@ -22,7 +22,8 @@ from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import encode_reply
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.log import RunLog
-from nanorl.models import load_model, resolve_device, resolve_dtype, reuse_freed_memory
+from nanorl.cpu import reuse_freed_memory
+from nanorl.models import load_model, resolve_device, resolve_dtype
 
 
 def setup(cfg: OfflineConfig, name: str, load=load_model):

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.config import RMConfig
-from nanorl.models import ALIASES, load_model, onednn_linears
+from nanorl.cpu import fast_cpu
+from nanorl.models import ALIASES, load_model
 from nanorl.offline import encode_rows, fit, setup
 from nanorl.sampling import left_pad
 from nanorl.tasks.preferences import load_preferences, split
@@ -63,7 +64,7 @@ def _hidden(model, prompts, replies, pad_id, device):
     """Last hidden states of left-padded [prompt | reply] rows: (b, L, H), and reply lengths."""
     ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with onednn_linears(model):
+    with fast_cpu(model):
         h = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
     return h, [len(r) for r in replies]
 

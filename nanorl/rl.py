@@ -25,7 +25,8 @@ from nanorl.config import GRPOConfig, to_dict, validate
 from nanorl.data import render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.log import RunLog
-from nanorl.models import load_model, resolve_device, resolve_dtype, reuse_freed_memory, stop_token_ids
+from nanorl.cpu import reuse_freed_memory
+from nanorl.models import load_model, resolve_device, resolve_dtype, stop_token_ids
 from nanorl.sampling import SamplingParams, generate
 from nanorl.tasks import Task, get_task
 

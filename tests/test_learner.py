@@ -21,7 +21,7 @@ def test_state_allocated_up_front_gives_the_same_steps_as_a_fresh_adamw():
     b = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
     b.load_state_dict(a.state_dict())
     opt_a, sched_a = make_optimizer(a, 1e-2, 0.1, 2, 10, "cosine")
-    assert all(p.grad is not None and len(opt_a.state[p]) > 0 for p in a.parameters())  # allocated already
+    assert all(p.grad is None and len(opt_a.state[p]) > 0 for p in a.parameters())  # moments allocated already
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))  # and no weight moved
     opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), eps=1e-8)
     sched_b = torch.optim.lr_scheduler.LambdaLR(opt_b, lambda s: lr_factor(s, 2, 10, "cosine"))
@@ -34,4 +34,4 @@ def test_state_allocated_up_front_gives_the_same_steps_as_a_fresh_adamw():
         opt_b.step(), sched_b.step(), opt_b.zero_grad()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
-    assert all(float(opt_a.state[p]["step"]) == 4 for p in a.parameters())
+    assert all(float(opt_a.state[p]["step"]) == 4 and p.grad is None for p in a.parameters())  # freed after a step

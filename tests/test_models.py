@@ -123,7 +123,7 @@ def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient():
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 @pytest.mark.parametrize("bias", [True, False])
 def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
-    from nanorl.models import onednn_linears
+    from nanorl.cpu import fast_cpu
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(96, 160, bias=bias), torch.nn.SiLU(), torch.nn.Linear(160, 96, bias=bias))
@@ -138,19 +138,54 @@ def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
         return y.detach(), grads
 
     ref_y, ref_grads = run()
-    with onednn_linears(net), onednn_linears(half):
+    with fast_cpu(net), fast_cpu(half):
         assert "forward" in net[0].__dict__ and "forward" not in half.__dict__
-        with onednn_linears(net):  # nested: a no-op, and leaving it keeps the outer one
+        with fast_cpu(net):  # nested: a no-op, and leaving it keeps the outer one
             pass
         assert "forward" in net[0].__dict__
         y, grads = run()
         with torch.no_grad():
             unpacked = net(x)
-    with torch.no_grad(), onednn_linears(net, pack_weights=True):
+    with torch.no_grad(), fast_cpu(net, pack_weights=True):
         packed = net(x)  # weights reordered once into oneDNN's layout
     assert not any("forward" in m.__dict__ for m in net.modules())  # restored
     torch.testing.assert_close(y, ref_y, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(packed, ref_y, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(unpacked, ref_y, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+def test_fast_cpu_fused_mlp_and_grouped_attention_keep_the_models_values_and_gradients():
+    import os
+
+    from nanorl.cpu import fast_cpu
+    from nanorl.models import tiny_model_and_tokenizer
+
+    model, _ = tiny_model_and_tokenizer(layers=2)  # 4 query heads share 2 key/value heads; SiLU-gated MLP
+    ids = torch.randint(3, 90, (3, 11), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    w = torch.linspace(-1, 1, model.config.vocab_size)
+
+    def run():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits  # (3, 11, V)
+        loss = (logits[mask.bool()] * w).square().mean()
+        return logits.detach(), torch.autograd.grad(loss, list(model.parameters()))
+
+    ref_logits, ref_grads = run()
+    saved = []
+    with fast_cpu(model):
+        assert "forward" in model.model.layers[0].mlp.__dict__  # the fused MLP is in
+        assert os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") == "1"
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            logits, grads = run()
+    assert "forward" not in model.model.layers[0].mlp.__dict__ and "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+    heads = [s[1] for s in saved if len(s) == 4 and s[2:] == (11, 16)]  # (3, heads, 11, 16) tensors SDPA kept
+    assert heads.count(2) == 2 * 2 and heads.count(4) == 2 * 2  # per layer: K, V with 2 heads; Q, output with 4
+    assert sum(s == (3, 11, 128) for s in saved) == 2 * 2  # per layer: gate and up only
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
