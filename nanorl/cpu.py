@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' SDPA attention at each call (5.x); ignored where unknown
 
+
 def reuse_freed_memory(device: torch.device) -> None:
     """Keep freed memory for reuse instead of glibc's fresh mapping per allocation above 32 MB (a (V, H)
     gradient, (b, C, V) logits), which pays a page fault per 4 KiB: an embedding backward took 20-300 ms
@@ -74,11 +75,11 @@ class _GatedMLP(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1])  # (M, H)
         s = torch.sigmoid(gate)  # (..., I)
         act = gate * s  # silu(gate)
-        dw = g.t() @ (act * up).reshape(-1, up.shape[-1])  # (H, I)
+        dw = g.t() @ (act * up).reshape(-1, up.shape[-1]) if ctx.needs_input_grad[2] else None  # (H, I)
         dh = _dnn(g, weight.t()).view(up.shape)  # (..., I) gradient of down's input
         d_up = dh * act
         d_gate = dh.mul_(up).mul_(s.mul_(1 + gate * (1 - s)))  # silu'(x) = s (1 + x (1 - s))
-        return d_gate, d_up, dw, g.sum(0) if ctx.has_bias else None
+        return d_gate, d_up, dw, g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
 
 
 def _is_gated_silu_mlp(m) -> bool:
