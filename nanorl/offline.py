@@ -22,8 +22,8 @@ from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import encode_reply
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.log import RunLog
-from nanorl.cpu import reuse_freed_memory
-from nanorl.models import load_model, resolve_device, resolve_dtype
+from nanorl.backends.cpu import reuse_freed_memory
+from nanorl.models import load_model, resolve_device, resolve_precision
 
 
 def setup(cfg: OfflineConfig, name: str, load=load_model):
@@ -33,7 +33,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     reuse_freed_memory(device)
-    model, tok = load(cfg.model, device, resolve_dtype(cfg.dtype, device))
+    model, tok = load(cfg.model, device, *resolve_precision(cfg.dtype, device))
     model.eval()  # no dropout: the reference pass and the update see the same function
     out = Path(cfg.out_dir)
     log = RunLog(out)

@@ -55,7 +55,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
     policy, ref, task, G, device, pad_id = run.policy, run.ref, run.task, cfg.samples_per_prompt, run.device, run.pad_id
     critic_dir = run.out / "checkpoint_critic"
     critic_from = str(critic_dir) if run.resuming else (cfg.critic_model or cfg.model)
-    critic, _ = load_reward_model(critic_from, device, run.dtype)
+    critic, _ = load_reward_model(critic_from, device, run.dtype, run.autocast)
     critic.eval()  # no dropout
     batch = cfg.prompts_per_step * G
     mb_size = cfg.minibatch_size or batch

@@ -17,14 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.config import RMConfig
-from nanorl.cpu import fast_cpu
-from nanorl.models import ALIASES, load_model
+from nanorl.models import ALIASES, fast_forward, load_model
 from nanorl.offline import encode_rows, fit, setup
 from nanorl.sampling import left_pad
 from nanorl.tasks.preferences import load_preferences, split
 
 
-def load_reward_model(name: str, device, dtype):
+def load_reward_model(name: str, device, dtype, autocast=None):
     """A sequence-classification model (ours, or a decoder-style one from the hub with a `score` head:
     Llama, Qwen2, Mistral, Gemma, ...), or a fresh scalar head on the backbone of a causal LM
     (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
@@ -44,6 +43,7 @@ def load_reward_model(name: str, device, dtype):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
         tok = AutoTokenizer.from_pretrained(name)
         tok.pad_token = tok.pad_token or tok.eos_token
+        model.autocast_dtype = autocast
         if not hasattr(model, "score"):
             raise ValueError(f"reward model {name}: expected a decoder-style classifier with a `score` head "
                              f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}")
@@ -56,17 +56,19 @@ def load_reward_model(name: str, device, dtype):
     # The head starts at 0: a fresh critic predicts V = 0, so PPO's first advantages come from the rewards,
     # not from a random head's noise (with a random head a real-model PPO run collapsed; notes/LOG.md).
     torch.nn.init.zeros_(model.score.weight)
+    model.autocast_dtype = autocast
     del lm  # the language-model head is not needed: no second copy stays in memory
     return model.to(device), tok
 
 
 def _hidden(model, prompts, replies, pad_id, device):
-    """Last hidden states of left-padded [prompt | reply] rows: (b, L, H), and reply lengths."""
+    """Last hidden states of left-padded [prompt | reply] rows: (b, L, H) in fp32 (the scalar head runs in
+    fp32 also under mixed precision), and reply lengths."""
     ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with fast_cpu(model):
+    with fast_forward(model):
         h = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
-    return h, [len(r) for r in replies]
+    return h.float(), [len(r) for r in replies]
 
 
 def rm_scores(model, prompts, replies, pad_id, device) -> torch.Tensor:

@@ -25,8 +25,8 @@ from nanorl.config import GRPOConfig, to_dict, validate
 from nanorl.data import render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.log import RunLog
-from nanorl.cpu import reuse_freed_memory
-from nanorl.models import load_model, resolve_device, resolve_dtype, stop_token_ids
+from nanorl.backends.cpu import reuse_freed_memory
+from nanorl.models import load_model, resolve_device, resolve_precision, stop_token_ids
 from nanorl.sampling import SamplingParams, generate
 from nanorl.tasks import Task, get_task
 
@@ -51,7 +51,7 @@ class Run:
         self.out = Path(cfg.out_dir)
         self.device = resolve_device(cfg.device)
         reuse_freed_memory(self.device)
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.dtype, self.autocast = resolve_precision(cfg.dtype, self.device)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.task = task or get_task(cfg.task, reward=cfg.reward, digits=cfg.digits, operators=cfg.operators,
@@ -60,16 +60,17 @@ class Run:
         self.task.on_error = cfg.reward_errors  # also for a Task built in Python
         self.ckpt_dir = self.out / "checkpoint"
         self.resuming = cfg.resume and (self.ckpt_dir / "trainer_state.pt").is_file()
-        self.policy, self.tok = load_model(str(self.ckpt_dir) if self.resuming else cfg.model, self.device, self.dtype)
+        self.policy, self.tok = load_model(str(self.ckpt_dir) if self.resuming else cfg.model, self.device, self.dtype,
+                                          self.autocast)
         self.policy.eval()  # no dropout: rollout and update see the same function
         self.ref = self.rm = None
         if cfg.kl_coef > 0:  # the reference model exists only when it is used
-            self.ref, _ = load_model(cfg.model, self.device, self.dtype)
+            self.ref, _ = load_model(cfg.model, self.device, self.dtype, self.autocast)
             self.ref.eval().requires_grad_(False)
         if cfg.reward_model:  # a frozen scalar-head model; only its weights, no optimizer state
             from nanorl.reward_model import load_reward_model
 
-            self.rm, self.rm_tok = load_reward_model(cfg.reward_model, self.device, self.dtype)
+            self.rm, self.rm_tok = load_reward_model(cfg.reward_model, self.device, self.dtype, self.autocast)
             self.rm.eval().requires_grad_(False)
         self.stops, self.pad_id = stop_token_ids(self.policy, self.tok), self.tok.pad_token_id
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
@@ -86,7 +87,8 @@ class Run:
         print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
         print(f"[nanorl] task '{self.task.name}': {len(self.task.train)} train / {len(self.task.eval)} held-out "
               f"prompts; model {cfg.model} ({sum(p.numel() for p in self.policy.parameters()) / 1e6:.0f}M params) "
-              f"on {self.device} {self.dtype}; weights: {memory}")
+              f"on {self.device} {self.dtype}"
+              f"{f' with {self.autocast} autocast' if self.autocast else ''}; weights: {memory}")
 
     # ---------------------------------------------------------------------- rollout and reward
     def rollout_and_score(self, examples, seed: int, timer: dict):

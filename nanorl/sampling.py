@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nanorl.cpu import fast_cpu
-from nanorl.models import cache_kwarg
+from nanorl.models import cache_kwarg, fast_forward
 
 
 @dataclass
@@ -95,7 +94,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Genera
 def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
              seed: int, pad_id: int = 0) -> Rollouts:
     """Sample n completions for each prompt; deterministic for a given seed, model and device."""
-    with fast_cpu(model, pack_weights=True):
+    with fast_forward(model, pack_weights=True):
         return _generate(model, prompts, n, params, stop_ids, seed, pad_id)
 
 

@@ -123,7 +123,7 @@ def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient():
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 @pytest.mark.parametrize("bias", [True, False])
 def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
-    from nanorl.cpu import fast_cpu
+    from nanorl.backends.cpu import fast_cpu
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(96, 160, bias=bias), torch.nn.SiLU(), torch.nn.Linear(160, 96, bias=bias))
@@ -160,7 +160,7 @@ def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
 def test_fast_cpu_fused_mlp_and_grouped_attention_keep_the_models_values_and_gradients():
     import os
 
-    from nanorl.cpu import fast_cpu
+    from nanorl.backends.cpu import fast_cpu
     from nanorl.models import tiny_model_and_tokenizer
 
     model, _ = tiny_model_and_tokenizer(layers=2)  # 4 query heads share 2 key/value heads; SiLU-gated MLP
@@ -189,3 +189,29 @@ def test_fast_cpu_fused_mlp_and_grouped_attention_keep_the_models_values_and_gra
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_update_gradient_is_bitwise_repeatable_with_interleaved_shared_prompts():
+    """Rows of a micro-batch that share a prompt need not be adjacent (micro-batches sorted by length). The
+    shared prompt's logits and KV cache are copied per row; with advanced indexing the backward added the
+    copies' gradients with racing threads on CPU and the same update differed run to run."""
+    from nanorl.data import collate
+    from nanorl.models import tiny_model_and_tokenizer, token_logprobs
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the race needs two threads
+    try:
+        model, tok = tiny_model_and_tokenizer(seed=0, hidden=256)  # cache rows big enough to split across threads
+        a, b = tok("first prompt, the longer one")["input_ids"], tok("second")["input_ids"]
+        gen = torch.Generator().manual_seed(0)
+        comps = [torch.randint(3, 90, (12,), generator=gen).tolist() for _ in range(64)]
+        batch = collate([a, b] * 32, comps, tok.pad_token_id, "cpu")  # prompts interleaved: a, b, a, b, ...
+        grads = []
+        for _ in range(4):
+            model.zero_grad(set_to_none=True)
+            logp, _ = token_logprobs(model, batch)
+            (logp * batch.loss_mask).sum().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert all(torch.equal(grads[0], g) for g in grads[1:])
+    finally:
+        torch.set_num_threads(threads)

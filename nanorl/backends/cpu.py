@@ -1,6 +1,6 @@
 """Fast fp32 paths on CPU: oneDNN matmuls, a fused gated MLP, grouped-query attention, malloc reuse.
 
-    with fast_cpu(model): ...   # every forward of the loops; fast_cpu(model, pack_weights=True) in the sampler
+    with fast_cpu(model): ...   # every forward of the loops (through models.fast_forward); pack_weights=True in the sampler
 
 The model's own math with other kernels, and less kept for backward (tests/test_models.py checks values
 and gradients against the plain modules). On GPU, in bf16, or without oneDNN, a no-op.
