@@ -105,8 +105,9 @@ def test_grpo_on_gpu_defaults_to_bf16_mixed(tmp_path, capsys):
 def test_cuda_request_without_a_gpu_fails_clearly():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(RuntimeError, match="CUDA is not available"):
-        load_model_on = GRPOConfig(model="tiny", device="cuda")
-        from nanorl.rl import Run
+    from nanorl.rl import Run
 
-        Run(load_model_on, Task("t", train=[Example("q")], eval=[Example("e")], reward=_letter_a), "grpo")
+    cfg = GRPOConfig(model="tiny", device="cuda")
+    task = Task("t", train=[Example("q")], eval=[Example("e")], reward=_letter_a)
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        Run(cfg, task, "grpo")
