@@ -67,27 +67,48 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator):
     """logits (A, V) -> (token ids (A,), policy log-probs of those tokens (A,))."""
+    z = logits.float() if params.temperature in (0, 1) else logits.float() / params.temperature  # (A, V)
+    probs = torch.softmax(z, dim=-1)  # (A, V) the policy
     if params.temperature == 0:
-        logp = F.log_softmax(logits.float(), dim=-1)
-        token = logp.argmax(-1)
-        return token, logp.gather(-1, token[:, None]).squeeze(-1)
-    logp = F.log_softmax(logits.float() / params.temperature, dim=-1)  # (A, V) the policy
-    masked = logp
+        token = z.argmax(-1)
+        return token, probs.gather(-1, token[:, None]).squeeze(-1).log()
+    weights = probs
     if params.top_k > 0:
-        kth = torch.topk(masked, min(params.top_k, masked.shape[-1]), dim=-1).values[:, -1:]
-        masked = masked.masked_fill(masked < kth, float("-inf"))
+        kth = torch.topk(weights, min(params.top_k, weights.shape[-1]), dim=-1).values[:, -1:]
+        weights = weights.masked_fill(weights < kth, 0.0)
     if params.top_p < 1.0:
-        sorted_logp, order = masked.sort(dim=-1, descending=True)
-        cum = sorted_logp.exp().cumsum(-1)
-        drop_sorted = cum - sorted_logp.exp() >= params.top_p  # keep the smallest prefix reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        masked = masked.masked_fill(drop, float("-inf"))
-    # Inverse-CDF sampling: one uniform number per row. torch.multinomial draws an exponential for every
-    # vocabulary entry instead (49k per row), which took a fifth of the rollout time on CPU (notes/LOG.md).
-    cdf = (masked - masked.amax(-1, keepdim=True)).exp().cumsum(-1)  # (A, V) unnormalised
-    u = torch.rand(len(cdf), 1, generator=gen, device=cdf.device) * cdf[:, -1:]  # (A, 1) in [0, total)
-    token = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)  # zero-width bins never win
-    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+        sorted_p, order = weights.sort(dim=-1, descending=True)
+        drop_sorted = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
+        weights = weights.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+    u = torch.rand(len(weights), 1, generator=gen, device=weights.device)  # (A, 1) one uniform number per row
+    token = inverse_cdf(weights, u)
+    return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # log of the untruncated policy
+
+
+def inverse_cdf(w: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Rows of weights w (A, V) >= 0 and uniforms u (A, 1) in [0, 1) -> (A,) the first index whose running
+    sum passes u * total: an exact draw from w / w.sum(-1). torch.multinomial draws an exponential for every
+    entry (49k per row; a fifth of the rollout on CPU once); a cumsum over the vocabulary was the next
+    slowest pass, so two levels: block sums, then a running sum inside the one block that holds the draw."""
+    A, V = w.shape
+    nb = -(-V // block)
+    if nb * block != V:
+        w = F.pad(w, (0, nb * block - V))  # zero weights never win
+    blocks = w.view(A, nb, block)
+    sums = blocks.sum(-1)  # (A, nb)
+    cdf = sums.cumsum(-1)  # (A, nb)
+    target = u * cdf[:, -1:]  # (A, 1) in [0, total)
+    b = torch.minimum(torch.searchsorted(cdf, target, right=True), _last_positive(cdf))  # (A, 1) the block
+    inner = blocks.gather(1, b[:, :, None].expand(A, 1, block)).squeeze(1).cumsum(-1)  # (A, block)
+    rest = target - (cdf.gather(-1, b) - sums.gather(-1, b))  # (A, 1) what is left to pass inside the block
+    j = torch.minimum(torch.searchsorted(inner, rest, right=True), _last_positive(inner))  # (A, 1)
+    return (b * block + j).squeeze(-1)
+
+
+def _last_positive(cum: torch.Tensor) -> torch.Tensor:
+    """(A, 1) index of the last entry with positive weight, from running sums (A, K): where the sum stops
+    growing. Rounding can leave a target a hair above the total; such a draw takes this entry."""
+    return (cum < cum[:, -1:]).sum(-1, keepdim=True)
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@ import torch
 
 from nanorl.data import collate
 from nanorl.models import stop_token_ids, token_logprobs
-from nanorl.sampling import SamplingParams, generate, sample_token
+from nanorl.sampling import SamplingParams, generate, inverse_cdf, sample_token
 
 
 def _prompts(tok):
@@ -93,3 +93,22 @@ def test_sampled_frequencies_match_the_policy():
         assert token.max() < len(probs)
         expected = torch.log_softmax(logits[0] / params.temperature, -1)[token]  # the policy's, untruncated
         assert torch.allclose(lp, expected)
+
+
+def test_inverse_cdf_matches_a_single_running_sum_and_skips_zero_weights():
+    # the two-level draw picks what one cumsum over the whole row picks, for a vocabulary that is not a
+    # multiple of the block and rows with zeroed (top-k / top-p) entries; u at its largest value never
+    # lands on a zero weight or past the vocabulary
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(64, 1000, generator=gen) ** 4
+    w[w < 0.3] = 0.0  # ~74% zeros, whole blocks among them in some rows
+    w[:4, 700:] = 0.0  # zero tails
+    w[4, :] = 0.0
+    w[4, 3] = 1.0  # one token
+    u = torch.rand(64, 1, generator=gen)
+    ref = torch.searchsorted(w.double().cumsum(-1), u.double() * w.double().sum(-1, keepdim=True), right=True)
+    for block in (256, 7, 1000, 4096):
+        assert torch.equal(inverse_cdf(w, u, block), ref.squeeze(-1))
+        top = inverse_cdf(w, torch.full((64, 1), 1 - 2**-24), block)
+        assert (top < 1000).all() and (w.gather(-1, top[:, None]) > 0).all()
+        assert (top[:4] < 700).all() and top[4] == 3
