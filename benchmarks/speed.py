@@ -55,6 +55,17 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def cpu_identity() -> str:
+    """The CPU as /proc/cpuinfo names it, with family / model / stepping: hosts behind one model name differ
+    (an "AMD EPYC" of family 25 is Zen 3/4, 26 is Zen 5, with twice the AVX-512 width)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:30] if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        return f"{info['model name']} (family {info['cpu family']} model {info['model']} stepping {info['stepping']})"
+    except (OSError, KeyError, ValueError):  # not Linux, or another layout
+        return platform.processor() or platform.machine()
+
+
 def device_and_precision(a):
     """(device, weight dtype, autocast dtype or None): on a GPU fp32 weights with bf16 autocast (nanorl's
     default there, and TRL's bf16=True), else cpu + fp32 (bf16 is ~100x slower on CPUs without bf16 units)."""
@@ -285,6 +296,7 @@ def part_trl(a) -> dict:
                      max_steps=steps, logging_steps=1,
                      report_to="none", save_strategy="no", shuffle_dataset=False, seed=SEED, disable_dropout=True)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    assert trainer.accelerator.mixed_precision == ("bf16" if autocast else "no"), trainer.accelerator.mixed_precision
     seen = count_tokens(trainer.model)
     clock = {"generate": 0.0, "gen_and_score": 0.0, "loss_forward": 0.0, "loss_tokens": 0}
 
@@ -376,10 +388,18 @@ def _by_lib(roof: dict) -> dict:
     return out
 
 
+def ceiling(n: dict, g: dict, a, N: int, rate: float) -> float:
+    """The most a rollout's tokens/s can exceed `generate`'s on this machine: every prompt prefilled once
+    and every generated token at the decode roofline (2 N FLOPs a token), nothing else."""
+    ideal = 2 * N * (n["rollout_tokens"]["median"] + g["prompt_tokens"] / a.samples) / rate
+    return n["rollout_tokens"]["median"] / ideal / g["tokens_per_s"]["median"]
+
+
 def report(res: dict, a) -> str:
     """The README table: ratios from this one run."""
     roof_info = res.get("roofline", {})
-    lines = [f"Model {a.model}, {roof_info.get('device', '')} {roof_info.get('dtype', '')}, "
+    lines = [f"Commit {res.get('commit', '?')}, {res.get('machine', '?')}. "
+             f"Model {a.model}, {roof_info.get('device', '')} {roof_info.get('dtype', '')}, "
              f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, "
              f"{torch.get_num_threads()} threads, medians of {a.reps} (min-max).", ""]
     fmt = lambda d: f"{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f})"  # noqa: E731
@@ -420,7 +440,10 @@ def report(res: dict, a) -> str:
                      f"measured {n['update_all_rows']['median']:.2f} s = {ideal_update / n['update_all_rows']['median']:.0%} "
                      f"of the roofline. Rollout: {n['rollout_tokens']['median']:.0f} generated tokens, ideal "
                      f"{ideal_roll:.2f} s at the decode rate, measured {n['rollout']['median']:.2f} s "
-                     f"({ideal_roll / n['rollout']['median']:.0%}).")
+                     f"({ideal_roll / n['rollout']['median']:.0%})"
+                     + (f"; with its prefill (each prompt once, {g['prompt_tokens'] / a.samples:.0f} tokens) at the "
+                        f"same rate, no rollout can beat `generate` by more than {ceiling(n, g, a, N, small):.1f}x here"
+                        if g else "") + ".")
         if t and "loss_tokens" in t:
             ideal_t = 6 * N * t["loss_tokens"]["median"] / big
             upd_t = t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"]
@@ -475,7 +498,7 @@ def main() -> None:
     except OSError:  # no git (a copied tree)
         commit = ""
     commit = commit or os.environ.get("NANORL_COMMIT", "unknown")
-    res = {"commit": commit, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    res = {"commit": commit, "machine": f"{cpu_identity()}, {os.cpu_count()} cores",
            "torch": torch.__version__, "command": " ".join(sys.argv)}
     for part in a.parts.split(","):
         if part not in PARTS:

@@ -11,7 +11,9 @@ two-digit addition under the chat template, 8 prompts x 8 completions a step, 32
 temperature 1, group-normalised advantages, token-level loss (TRL `loss_type="dapo"`), beta 0,
 AdamW lr 2e-5 (betas 0.9/0.99) with 3 warmup steps and a cosine decay to 10%, gradient-norm clip 1,
 40 steps, and the same prompts in the same order (nanorl's `prompt_order`). No gradient
-checkpointing, no vLLM. What differs is TRL's own machinery (and its warmup starting at lr 0).
+checkpointing, no vLLM, no bf16 autocast (TRL turns it on by default, on a CPU too: the curve of
+2026-12-03 ran that way, and its step-0 score, 6.0% against 7.0% for the same weights, was the
+sign). What differs is TRL's own machinery (and its warmup starting at lr 0).
 
 Every `--eval-every` steps the TRL model is scored by nanorl's own `evaluate` (greedy, the same 200
 held-out prompts), with the clock stopped: the minutes are training time only, summed step times,
@@ -91,8 +93,10 @@ def main() -> None:
                      weight_decay=cfg.weight_decay, max_grad_norm=cfg.grad_clip, warmup_steps=cfg.warmup_steps,
                      lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
                      gradient_checkpointing=False, use_cpu=True, max_steps=cfg.steps, logging_steps=1,
+                     bf16=False, fp16=False,  # TRL's own default is bf16=True, which autocasts on CPUs too
                      report_to="none", save_strategy="no", shuffle_dataset=False, seed=cfg.seed, disable_dropout=True)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    assert trainer.accelerator.mixed_precision == "no", "TRL must run in fp32, as nanorl does on CPU"
 
     # ----------------------------------------------------------------------------- clock and evals
     rec = {"step_s": [], "logs": [], "curve": []}

@@ -157,6 +157,23 @@ def test_onednn_linears_match_f_linear_in_value_and_gradients(bias):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+def test_packed_linears_sharing_an_input_give_each_its_own_output_in_any_call_order():
+    from nanorl.backends.cpu import fast_cpu
+
+    torch.manual_seed(0)
+    attn = torch.nn.Module()  # q/k/v read one input: the sampler packs them as one (28, 16) weight
+    attn.q_proj, attn.k_proj, attn.v_proj = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 4, bias=False),
+                                             torch.nn.Linear(16, 8))
+    x, x2 = torch.randn(5, 16), torch.randn(2, 3, 16)
+    calls = [("q_proj", x), ("k_proj", x), ("v_proj", x2), ("k_proj", x2), ("q_proj", x2), ("v_proj", x)]
+    with torch.no_grad(), fast_cpu(attn, pack_weights=True):
+        outs = [getattr(attn, name)(inp) for name, inp in calls]
+    for (name, inp), out in zip(calls, outs):
+        layer = getattr(attn, name)
+        torch.testing.assert_close(out, torch.nn.functional.linear(inp, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
 def test_fast_cpu_fused_mlp_and_grouped_attention_keep_the_models_values_and_gradients():
     import os
 
@@ -183,6 +200,10 @@ def test_fast_cpu_fused_mlp_and_grouped_attention_keep_the_models_values_and_gra
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
             logits, grads = run()
     assert "forward" not in model.model.layers[0].mlp.__dict__ and "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+    with torch.no_grad(), fast_cpu(model, pack_weights=True):  # the sampler's: q/k/v and gate/up as one matmul each
+        assert "forward" in model.model.layers[0].self_attn.k_proj.__dict__
+        packed = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    torch.testing.assert_close(packed, ref_logits, rtol=1e-5, atol=1e-5)
     heads = [s[1] for s in saved if len(s) == 4 and s[2:] == (11, 16)]  # (3, heads, 11, 16) tensors SDPA kept
     assert heads.count(2) == 2 * 2 and heads.count(4) == 2 * 2  # per layer: K, V with 2 heads; Q, output with 4
     assert sum(s == (3, 11, 128) for s in saved) == 2 * 2  # per layer: gate and up only
