@@ -4,7 +4,7 @@
                         stop_ids=[2], seed=123)
 
 Why not `model.generate`? Three reasons. (1) A group of n samples of one prompt shares its prompt, so
-we prefill each prompt once and repeat its KV cache n times (`batch_repeat_interleave`). (2) Finished
+we prefill each prompt once and repeat its KV cache n times (`select_cache_rows`). (2) Finished
 rows are dropped from the batch, so late steps cost only what is still running. (3) Only the settings
 given here shape the distribution: generation-config defaults shipped with a model (top-k, repetition
 penalty, ...) are never applied behind the caller's back.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nanorl.models import cache_kwarg, fast_forward
+from nanorl.models import cache_kwarg, fast_forward, select_cache_rows
 
 
 @dataclass
@@ -133,8 +133,7 @@ def _generate(model, prompts, n, params, stop_ids, seed, pad_id) -> Rollouts:
     cache_kw = cache_kwarg(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                 **{cache_kw: cache})
-    if n > 1:
-        cache.batch_repeat_interleave(n)
+    select_cache_rows(cache, torch.arange(len(prompts), device=device).repeat_interleave(n))  # (N, ...)
     logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
     mask = mask.repeat_interleave(n, 0)  # (N, Lp)
     next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (N,)
@@ -160,7 +159,7 @@ def _generate(model, prompts, n, params, stop_ids, seed, pad_id) -> Rollouts:
             keep = (~done).nonzero().squeeze(-1)
             if keep.numel() == 0:
                 break
-            cache.batch_select_indices(keep)
+            select_cache_rows(cache, keep)
             alive, token, mask, next_pos = alive[keep], token[keep], mask[keep], next_pos[keep]
         mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos[:, None],
