@@ -236,3 +236,54 @@ def test_update_gradient_is_bitwise_repeatable_with_interleaved_shared_prompts()
         assert all(torch.equal(grads[0], g) for g in grads[1:])
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
+def test_backward_adds_weight_gradients_into_grad_in_place_with_the_plain_values(monkeypatch):
+    """Inside fast_cpu a `.backward()` adds each linear's, gated MLP's and embedding's weight gradient into
+    .grad where it is computed; two accumulated micro-batches, a tied head/embedding and padding_idx rows
+    (no gradient) must give what the plain modules give. torch.autograd.grad and backward(inputs=...) still
+    see only what they ask for."""
+    import nanorl.backends.cpu as cpu
+    from nanorl.models import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(layers=2)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    pad = model.model.embed_tokens.padding_idx
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(2):
+        ids = torch.randint(3, 90, (3, 9), generator=gen)
+        ids[0, :3], ids[1, 5] = pad, pad  # left padding, and the pad id (= EOS here) inside a row
+        batches.append(ids)
+    w = torch.linspace(-1, 1, model.config.vocab_size)
+
+    def loss(ids):
+        z = model(input_ids=ids).logits * w  # (3, 9, V)
+        return z.mean() + z.square().mean()  # linear in the logits too: the zero pad row still gets a head gradient
+
+    for ids in batches:
+        loss(ids).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert ref["model.embed_tokens.weight"][pad].abs().max() > 0  # the head's part reaches the pad row
+    model.zero_grad(set_to_none=True)
+
+    in_place = []
+    into_grad = cpu._into_grad
+    monkeypatch.setattr(cpu, "_into_grad", lambda node: in_place.append(into_grad(node)) or in_place[-1])
+    with cpu.fast_cpu(model):
+        for ids in batches:
+            loss(ids).backward()
+        assert in_place and all(in_place)  # 2 x (2 layers x (q, k, v, o, gate, up, down) + head + embedding)
+        assert len(in_place) == 2 * (2 * 7 + 2)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7)
+
+        model.zero_grad(set_to_none=True)
+        in_place.clear()
+        grads = torch.autograd.grad(loss(batches[0]), list(model.parameters()))
+        assert not any(in_place) and all(p.grad is None for p in model.parameters())
+        q = model.model.layers[0].self_attn.q_proj.weight
+        loss(batches[0]).backward(inputs=[q])
+        assert q.grad is not None and all(p.grad is None for p in model.parameters() if p is not q)
+        torch.testing.assert_close(q.grad, grads[[p is q for p in model.parameters()].index(True)])

@@ -1,4 +1,5 @@
-"""Fast fp32 paths on CPU: oneDNN matmuls, a fused gated MLP, grouped-query attention, malloc reuse.
+"""Fast fp32 paths on CPU: oneDNN matmuls, a fused gated MLP, grouped-query attention, weight gradients
+added into .grad in place, malloc reuse.
 
     with fast_cpu(model): ...   # every forward of the loops (through models.fast_forward); pack_weights=True in the sampler
 
@@ -39,13 +40,48 @@ def _dnn(x, w, b=None):
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")  # x @ w.T + b
 
 
+def _grad_node(w: torch.Tensor):
+    """The AccumulateGrad node of a trainable leaf weight (None otherwise), to ask the engine about it later."""
+    if not (w.is_leaf and w.requires_grad and hasattr(torch._C, "_will_engine_execute_node")):
+        return None
+    with torch.enable_grad():
+        fn = w.view_as(w).grad_fn  # None under torch.inference_mode
+    return fn.next_functions[0][0] if fn is not None else None
+
+
+def _into_grad(node) -> bool:
+    """True inside a `.backward()` that will add this leaf's gradient to its .grad; False under
+    torch.autograd.grad (gradients are returned, not accumulated) and when building a graph of the backward."""
+    if node is None or torch.is_grad_enabled():
+        return False
+    try:
+        return torch._C._will_engine_execute_node(node)
+    except RuntimeError:  # raised for a leaf while torch.autograd.grad runs
+        return False
+
+
+def _weight_grad(w, node, a, b):
+    """The weight gradient a.T @ b of w, (N, M) x (M, K) -> (N, K). When the engine would only add it to
+    w.grad, the matmul adds it there itself and we return None (Megatron-LM's gradient-accumulation fusion):
+    no (N, K) temporary, no extra pass to add it. Each weight gets two a micro-batch (the shared-prompt pass
+    and the completion pass); for SmolLM2-135M this took ~0.3 GiB off the update's peak (the tied (V, H)
+    head/embedding) and ~8% off its time (notes/LOG.md)."""
+    if not _into_grad(node):
+        return a.t() @ b
+    if w.grad is None:
+        w.grad = a.t() @ b
+    else:
+        w.grad.addmm_(a.t(), b)
+    return None
+
+
 class _DnnLinear(torch.autograd.Function):
     """F.linear with oneDNN doing the forward matmul and the input gradient dx = g W."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, node):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.node = bias is not None, node
         return _dnn(x, weight, bias)  # (..., N)
 
     @staticmethod
@@ -53,9 +89,35 @@ class _DnnLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         g, x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, N), (M, K)
         dx = _dnn(g, weight.t()).view(*grad.shape[:-1], -1) if ctx.needs_input_grad[0] else None  # (..., K)
-        dw = g.t() @ x if ctx.needs_input_grad[1] else None  # (N, K); MKL: oneDNN was slower for this one
+        dw = _weight_grad(weight, ctx.node, g, x) if ctx.needs_input_grad[1] else None  # (N, K); MKL: oneDNN was slower
         db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db
+        return dx, dw, db, None
+
+
+class _Embedding(torch.autograd.Function):
+    """F.embedding whose backward adds the looked-up rows' gradients into the weight's .grad in place
+    (`_weight_grad`) instead of building a dense (V, H) gradient first (113 MiB and 35 ms for SmolLM2's
+    49k x 576 table, against 1 ms for the rows used). Rows of padding_idx get no gradient, as in F.embedding."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx, node):
+        ctx.save_for_backward(ids)
+        ctx.weight, ctx.padding_idx, ctx.node = weight, padding_idx, node
+        return F.embedding(ids, weight, padding_idx)  # (..., H)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,), w = ctx.saved_tensors, ctx.weight
+        flat, g = ids.reshape(-1), grad.reshape(-1, grad.shape[-1])  # (M,), (M, H)
+        if ctx.padding_idx is not None:
+            keep = (flat != ctx.padding_idx).nonzero().squeeze(-1)
+            flat, g = flat.index_select(0, keep), g.index_select(0, keep)
+        if not _into_grad(ctx.node):
+            return None, torch.zeros_like(w).index_add_(0, flat, g), None, None
+        if w.grad is None:
+            w.grad = torch.zeros_like(w)
+        w.grad.index_add_(0, flat, g)  # ordered sums: the same bits every run
+        return None, None, None, None
 
 
 class _GatedMLP(torch.autograd.Function):
@@ -64,9 +126,9 @@ class _GatedMLP(torch.autograd.Function):
     gate and up and recomputes the rest elementwise: 175 MiB less a 16 x 32-token micro-batch of SmolLM2-135M."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias):
+    def forward(ctx, gate, up, weight, bias, node):
         ctx.save_for_backward(gate, up, weight)
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.node = bias is not None, node
         return _dnn(F.silu(gate) * up, weight, bias)
 
     @staticmethod
@@ -75,11 +137,12 @@ class _GatedMLP(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1])  # (M, H)
         s = torch.sigmoid(gate)  # (..., I)
         act = gate * s  # silu(gate)
-        dw = g.t() @ (act * up).reshape(-1, up.shape[-1]) if ctx.needs_input_grad[2] else None  # (H, I)
+        act_up = (act * up).reshape(-1, up.shape[-1])  # (M, I) down's input
+        dw = _weight_grad(weight, ctx.node, g, act_up) if ctx.needs_input_grad[2] else None  # (H, I)
         dh = _dnn(g, weight.t()).view(up.shape)  # (..., I) gradient of down's input
         d_up = dh * act
         d_gate = dh.mul_(up).mul_(s.mul_(1 + gate * (1 - s)))  # silu'(x) = s (1 + x (1 - s))
-        return d_gate, d_up, dw, g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return d_gate, d_up, dw, g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None, None
 
 
 def _is_gated_silu_mlp(m) -> bool:
@@ -136,7 +199,9 @@ def fast_cpu(model, pack_weights: bool = False):
     2-8% faster rollouts), so weights must not change inside the block. (2) Otherwise
     SiLU-gated MLPs run as one `_GatedMLP`. (3) Attention with fewer key/value heads than query heads
     runs SDPA's grouped-query kernel instead of copying each key/value head to the query heads it
-    serves (`repeat_kv`): autograd kept that copy, 100 MiB a micro-batch here; the kernel is faster."""
+    serves (`repeat_kv`): autograd kept that copy, 100 MiB a micro-batch here; the kernel is faster.
+    (4) In a `loss.backward()`, the linears', gated MLPs' and embeddings' weight gradients are added into
+    .grad by the op that computes them (`_weight_grad`); torch.autograd.grad still gets them returned."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -150,11 +215,17 @@ def fast_cpu(model, pack_weights: bool = False):
             w = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 64)
             m.forward = lambda x, w=w, b=m.bias: _dnn(x, w, b)
         else:
-            m.forward = lambda x, m=m: _DnnLinear.apply(x, m.weight, m.bias)
+            m.forward = lambda x, m=m, node=_grad_node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)
     for m in model.modules() if linears and not pack_weights else []:
         if "forward" not in m.__dict__ and _is_gated_silu_mlp(m) and id(m.down_proj) in ours:
-            m.forward = lambda x, m=m: _GatedMLP.apply(m.gate_proj(x), m.up_proj(x), m.down_proj.weight,
-                                                       m.down_proj.bias)
+            m.forward = lambda x, m=m, node=_grad_node(m.down_proj.weight): _GatedMLP.apply(
+                m.gate_proj(x), m.up_proj(x), m.down_proj.weight, m.down_proj.bias, node)
+            patched.append(m)
+    for m in model.modules() if linears and not pack_weights else []:
+        if (type(m) is torch.nn.Embedding and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
+                and m.weight.dtype == torch.float32 and m.max_norm is None and not m.scale_grad_by_freq
+                and not m.sparse):
+            m.forward = lambda ids, m=m, node=_grad_node(m.weight): _Embedding.apply(ids, m.weight, m.padding_idx, node)
             patched.append(m)
     gqa = os.environ.get(GQA)
     if linears and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5):  # SDPA's enable_gqa
