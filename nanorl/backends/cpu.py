@@ -60,19 +60,24 @@ def _into_grad(node) -> bool:
         return False
 
 
-def _weight_grad(w, node, a, b):
-    """The weight gradient a.T @ b of w, (N, M) x (M, K) -> (N, K). When the engine would only add it to
-    w.grad, the matmul adds it there itself and we return None (Megatron-LM's gradient-accumulation fusion):
-    no (N, K) temporary, no extra pass to add it. Each weight gets two a micro-batch (the shared-prompt pass
+def _add_grad(w, node, fresh, add_into):
+    """w's gradient: `fresh()` builds it, `add_into(t)` adds it to t in place. When the engine would only add
+    it to w.grad, we add it there ourselves and return None (Megatron-LM's gradient-accumulation fusion): no
+    temporary of w's size, no extra pass to add it. Each weight gets two a micro-batch (the shared-prompt pass
     and the completion pass); for SmolLM2-135M this took ~0.3 GiB off the update's peak (the tied (V, H)
     head/embedding) and ~8% off its time (notes/LOG.md)."""
     if not _into_grad(node):
-        return a.t() @ b
+        return fresh()
     if w.grad is None:
-        w.grad = a.t() @ b
+        w.grad = fresh()
     else:
-        w.grad.addmm_(a.t(), b)
+        add_into(w.grad)
     return None
+
+
+def _weight_grad(w, node, a, b):
+    """The weight gradient a.T @ b of w, (N, M) x (M, K) -> (N, K), added by the matmul itself (`_add_grad`)."""
+    return _add_grad(w, node, lambda: a.t() @ b, lambda t: t.addmm_(a.t(), b))
 
 
 class _DnnLinear(torch.autograd.Function):
@@ -96,7 +101,7 @@ class _DnnLinear(torch.autograd.Function):
 
 class _Embedding(torch.autograd.Function):
     """F.embedding whose backward adds the looked-up rows' gradients into the weight's .grad in place
-    (`_weight_grad`) instead of building a dense (V, H) gradient first (113 MiB and 35 ms for SmolLM2's
+    (`_add_grad`) instead of building a dense (V, H) gradient first (113 MiB and 35 ms for SmolLM2's
     49k x 576 table, against 1 ms for the rows used). Rows of padding_idx get no gradient, as in F.embedding."""
 
     @staticmethod
@@ -112,12 +117,8 @@ class _Embedding(torch.autograd.Function):
         if ctx.padding_idx is not None:
             keep = (flat != ctx.padding_idx).nonzero().squeeze(-1)
             flat, g = flat.index_select(0, keep), g.index_select(0, keep)
-        if not _into_grad(ctx.node):
-            return None, torch.zeros_like(w).index_add_(0, flat, g), None, None
-        if w.grad is None:
-            w.grad = torch.zeros_like(w)
-        w.grad.index_add_(0, flat, g)  # ordered sums: the same bits every run
-        return None, None, None, None
+        add_into = lambda t: t.index_add_(0, flat, g)  # noqa: E731  ordered sums: the same bits every run
+        return None, _add_grad(w, ctx.node, lambda: add_into(torch.zeros_like(w)), add_into), None, None
 
 
 class _GatedMLP(torch.autograd.Function):
@@ -201,7 +202,7 @@ def fast_cpu(model, pack_weights: bool = False):
     runs SDPA's grouped-query kernel instead of copying each key/value head to the query heads it
     serves (`repeat_kv`): autograd kept that copy, 100 MiB a micro-batch here; the kernel is faster.
     (4) In a `loss.backward()`, the linears', gated MLPs' and embeddings' weight gradients are added into
-    .grad by the op that computes them (`_weight_grad`); torch.autograd.grad still gets them returned."""
+    .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -221,8 +222,7 @@ def fast_cpu(model, pack_weights: bool = False):
             m.forward = lambda x, m=m, node=_grad_node(m.down_proj.weight): _GatedMLP.apply(
                 m.gate_proj(x), m.up_proj(x), m.down_proj.weight, m.down_proj.bias, node)
             patched.append(m)
-    for m in model.modules() if linears and not pack_weights else []:
-        if (type(m) is torch.nn.Embedding and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
+        elif (type(m) is torch.nn.Embedding and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
                 and m.weight.dtype == torch.float32 and m.max_norm is None and not m.scale_grad_by_freq
                 and not m.sparse):
             m.forward = lambda ids, m=m, node=_grad_node(m.weight): _Embedding.apply(ids, m.weight, m.padding_idx, node)
