@@ -68,9 +68,12 @@ def fast_forward(model, pack_weights: bool = False):
     (`load_model(..., autocast=torch.bfloat16)`), else the CPU's fast fp32 kernels (backends/cpu.py; a no-op
     on GPUs and for other dtypes)."""
     dtype = getattr(model, "autocast_dtype", None)
-    fast = fast_cpu(model, pack_weights) if dtype is None else torch.autocast(model.device.type, dtype=dtype)
-    with fast:
-        yield
+    if dtype is not None:
+        with torch.autocast(model.device.type, dtype=dtype):
+            yield {}
+        return
+    with fast_cpu(model, pack_weights) as packed:
+        yield packed  # the weights packed for the sampler (backends/decode.py)
 
 
 # ----------------------------------------------------------------------------- loading

@@ -3,9 +3,11 @@
     rollouts = generate(model, [prompt_ids, ...], n=8, params=SamplingParams(max_new_tokens=32),
                         stop_ids=[2], seed=123)
 
-Why not `model.generate`? Three reasons. (1) A group of n samples of one prompt shares its prompt, so
-we prefill each prompt once and repeat its KV cache n times (`select_cache_rows`). (2) Finished
-rows are dropped from the batch, so late steps cost only what is still running. (3) Only the settings
+Why not `model.generate`? Four reasons. (1) A group of n samples of one prompt shares its prompt, so
+we prefill each prompt once and its KV cache serves all n samples. (2) Finished
+rows are dropped from the batch, so late steps cost only what is still running. (3) On CPU, Llama-family
+models decode with backends/decode.py's step (C++ kernels for attention and the small ops), ~20% faster
+than their transformers forward; any other model runs its own forward (`ModelStep`). (4) Only the settings
 given here shape the distribution: generation-config defaults shipped with a model (top-k, repetition
 penalty, ...) are never applied behind the caller's back.
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nanorl.backends.decode import cpu_decoder
 from nanorl.models import cache_kwarg, fast_forward, select_cache_rows
 
 
@@ -113,30 +116,50 @@ def _last_positive(cum: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
-             seed: int, pad_id: int = 0) -> Rollouts:
-    """Sample n completions for each prompt; deterministic for a given seed, model and device."""
-    with fast_forward(model, pack_weights=True):
-        return _generate(model, prompts, n, params, stop_ids, seed, pad_id)
+             seed: int, pad_id: int = 0, lean: bool = True) -> Rollouts:
+    """Sample n completions for each prompt; deterministic for a given seed, model and device. `lean=False`
+    decodes with the model's own forward even where backends/decode.py's faster step applies."""
+    with fast_forward(model, pack_weights=True) as packed:
+        return _generate(model, prompts, n, params, stop_ids, seed, pad_id, packed if lean else {})
 
 
-def _generate(model, prompts, n, params, stop_ids, seed, pad_id) -> Rollouts:
+class ModelStep:
+    """A decode step through the model's own forward on its transformers cache (any model): the cache holds
+    the rows still sampling, so it drops finished rows (`select_cache_rows`) and grows by one position a step."""
+
+    def __init__(self, model, cache, mask, n):
+        self.model, self.cache, self.kw = model, cache, cache_kwarg(model)
+        self.rows = torch.arange(len(mask) * n, device=mask.device)
+        select_cache_rows(cache, self.rows // n)  # (P, ...) -> (P * n, ...): each prompt's cache once per sample
+        self.mask = mask.repeat_interleave(n, 0)  # (N, Lp)
+
+    def __call__(self, tokens, rows, positions, t):
+        if len(rows) < len(self.rows):
+            keep = torch.searchsorted(self.rows, rows)
+            select_cache_rows(self.cache, keep)
+            self.rows, self.mask = rows, self.mask[keep]
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(rows), 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None],
+                         use_cache=True, **{self.kw: self.cache})
+        return out.logits[:, -1]  # (A, V)
+
+
+def _generate(model, prompts, n, params, stop_ids, seed, pad_id, packed) -> Rollouts:
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     stops = torch.tensor(stop_ids, device=device)
 
-    # --- prefill: each distinct prompt once, then repeat its cache for the n samples of its group
+    # --- prefill: each distinct prompt once; its cache serves the n samples of its group
     ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    cache_kw = cache_kwarg(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{cache_kw: cache})
-    select_cache_rows(cache, torch.arange(len(prompts), device=device).repeat_interleave(n))  # (N, ...)
+                **{cache_kwarg(model): cache})
     logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
-    mask = mask.repeat_interleave(n, 0)  # (N, Lp)
     next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (N,)
+    step = cpu_decoder(model, packed, cache, mask, n, params.max_new_tokens) or ModelStep(model, cache, mask, n)
 
     N = len(prompts) * n
     alive = torch.arange(N, device=device)  # rows of the full batch still generating
@@ -155,16 +178,12 @@ def _generate(model, prompts, n, params, stop_ids, seed, pad_id) -> Rollouts:
                 truncated[row] = False
         if t == params.max_new_tokens - 1:
             break
-        if done.any():  # drop finished rows from the batch and the cache
+        if done.any():  # drop finished rows from the batch
             keep = (~done).nonzero().squeeze(-1)
             if keep.numel() == 0:
                 break
-            select_cache_rows(cache, keep)
-            alive, token, mask, next_pos = alive[keep], token[keep], mask[keep], next_pos[keep]
-        mask = torch.cat([mask, mask.new_ones(len(alive), 1)], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                    use_cache=True, **{cache_kw: cache})
-        logits = out.logits[:, -1]
+            alive, token, next_pos = alive[keep], token[keep], next_pos[keep]
+        logits = step(token, alive, next_pos, t)  # (A, V)
         next_pos = next_pos + 1
 
     return Rollouts(prompt_ids=[list(p) for p in prompts for _ in range(n)], completion_ids=tokens,

@@ -163,11 +163,10 @@ def _gated_forward(cls) -> bool:
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # Llama-style names
 
 
-def _fuse_shared_inputs(model, ours: set) -> set:
+def _fuse_shared_inputs(model, ours: set, packed: dict) -> None:
     """No-grad only: linears of one module that read the same input (query/key/value, gate/up) packed as one
     weight. The first one called computes every output, the others return their slice when handed the same
-    tensor (else they compute it again). Fewer, wider matmuls: {ids of the linears done}."""
-    done = set()
+    tensor (else they compute it again). Fewer, wider matmuls; each linear done goes into `packed`."""
     for parent in model.modules():
         for names in SHARED_INPUT:
             group = [getattr(parent, k, None) for k in names]
@@ -187,8 +186,7 @@ def _fuse_shared_inputs(model, ours: set) -> set:
 
             for m, lo, hi in zip(group, ends, ends[1:]):
                 m.forward = functools.partial(forward, lo=lo, hi=hi)
-                done.add(id(m))
-    return done
+                packed[id(m)] = (w, b, lo, hi)
 
 
 @contextmanager
@@ -202,19 +200,24 @@ def fast_cpu(model, pack_weights: bool = False):
     runs SDPA's grouped-query kernel instead of copying each key/value head to the query heads it
     serves (`repeat_kv`): autograd kept that copy, 100 MiB a micro-batch here; the kernel is faster.
     (4) In a `loss.backward()`, the linears', gated MLPs' and embeddings' weight gradients are added into
-    .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned."""
+    .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned.
+    Yields {id(linear): (packed weight, bias, first, last output column)} of the packed linears (else {}),
+    for backends/decode.py."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         linears = []  # a build without oneDNN, or a torch without these ops
-    patched, ours = list(linears), {id(m) for m in linears}
-    fused = _fuse_shared_inputs(model, ours) if pack_weights else set()
+    patched, ours, packed = list(linears), {id(m) for m in linears}, {}
+    if pack_weights:
+        _fuse_shared_inputs(model, ours, packed)
     for m in linears:
-        if id(m) in fused:
+        if id(m) in packed:
             continue
         if pack_weights:
             w = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 64)
-            m.forward = lambda x, w=w, b=m.bias: _dnn(x, w, b)
+            b = m.bias.detach() if m.bias is not None else None
+            m.forward = lambda x, w=w, b=b: _dnn(x, w, b)
+            packed[id(m)] = (w, b, 0, m.out_features)
         else:
             m.forward = lambda x, m=m, node=_grad_node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)
     for m in model.modules() if linears and not pack_weights else []:
@@ -231,7 +234,7 @@ def fast_cpu(model, pack_weights: bool = False):
     if linears and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5):  # SDPA's enable_gqa
         os.environ[GQA] = "1"
     try:
-        yield
+        yield packed
     finally:
         for m in patched:
             m.__dict__.pop("forward", None)

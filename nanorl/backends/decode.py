@@ -1,0 +1,156 @@
+"""The sampler's decode step without transformers' modules, for Llama-family models on CPU in fp32.
+
+    step = cpu_decoder(model, packed, cache, mask, n, max_new_tokens)   # None: use the model's own forward
+    logits = step(tokens, rows, positions, t)                            # (A,) new tokens -> (A, V)
+
+Per new token a decoder layer is four oneDNN matmuls on the weights `fast_cpu` packed for the rollout
+(query/key/value and gate/up fused) and three small C++ kernels for the rest (cpu_decode.cpp): RMSNorm,
+SiLU(gate) * up, and one that applies rotary embeddings, writes the key and value into the row's
+completion cache and attends over the group's prompt (kept once per prompt, never copied per row) and
+the row's completion so far. Finished rows simply stop being passed in: no cache is compacted or grown
+with torch.cat. At 64 rows of SmolLM2-135M this cut the non-matmul time of a step from ~35 to ~15 ms
+(notes/LOG.md, session 10); logits agree with the model's own forward to ~1e-6 relative (tests/test_decode.py).
+
+The kernels are compiled on first use (~15 s, then cached per CPU and torch version under nanorl's cache
+folder). Without a compiler, or for other architectures, dtypes or devices, `cpu_decoder` returns None and
+the sampler runs the model's forward: the same distribution, somewhat slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from nanorl.backends.cpu import _is_gated_silu_mlp
+
+SOURCE = Path(__file__).with_name("cpu_decode.cpp")
+LANES = 16  # cpu_decode.cpp reads keys LANES at a time: transposed key caches carry LANES spare columns
+ARCHS = ("llama", "qwen2")  # full attention, RMSNorm, rotate-half rotary, SiLU-gated MLP
+STATIC_ROPE = ("default", "linear", "llama3")  # cos/sin depend on the position alone
+
+
+def _cpu_flags() -> str:
+    try:
+        return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+@functools.cache
+def kernels() -> bool:
+    """Build (once per machine: -march=native) and load cpu_decode.cpp; False, with a warning, if that fails."""
+    from nanorl.models import cache_dir
+
+    key = hashlib.sha256(b"|".join(s.encode() for s in (SOURCE.read_text(), torch.__version__, _cpu_flags())))
+    name = f"nanorl_cpu_{key.hexdigest()[:16]}"
+    build = cache_dir() / "kernels" / name
+    try:
+        from torch.utils.cpp_extension import load
+
+        build.mkdir(parents=True, exist_ok=True)
+        load(name=name, sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
+             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+        return hasattr(torch.ops.nanorl_cpu, "decode_attention")
+    except Exception as e:  # no compiler, no ninja, a read-only cache, ...
+        warnings.warn(f"nanorl: could not build the CPU decode kernels ({type(e).__name__}: {str(e)[:300]}); "
+                      "decoding with the model's own forward instead (same results, slower)")
+        return False
+
+
+def supported(model) -> bool:
+    """A model whose decode step `LlamaDecoder` computes exactly: Llama or Qwen2 layers, fp32 on CPU."""
+    cfg, inner = model.config, getattr(model, "model", None)
+    if (getattr(cfg, "model_type", None) not in ARCHS or getattr(model, "autocast_dtype", None) is not None
+            or model.device.type != "cpu" or model.dtype != torch.float32 or inner is None
+            or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
+            or getattr(cfg, "pretraining_tp", 1) != 1
+            or getattr(getattr(inner, "rotary_emb", None), "rope_type", None) not in STATIC_ROPE
+            or 2 * inner.rotary_emb.inv_freq.numel() != (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+            or type(getattr(inner, "embed_tokens", None)) is not torch.nn.Embedding):
+        return False
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if not (attn is not None and all(type(getattr(attn, k, None)) is torch.nn.Linear
+                                         for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                and _is_gated_silu_mlp(getattr(layer, "mlp", None))
+                and all(type(getattr(layer, k, None)).__name__.endswith("RMSNorm")
+                        and hasattr(getattr(layer, k), "variance_epsilon")
+                        for k in ("input_layernorm", "post_attention_layernorm"))):
+            return False
+    return True
+
+
+def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_tokens: int):
+    """The decode step for rows sampled n per prompt from a prefilled transformers cache (P prompts, left-padded
+    by `mask` (P, Lp)), or None when `model` or this machine cannot take it (then run the model's forward).
+    `packed` maps id(linear) -> (packed weight, bias, first, last output), from `fast_cpu(pack_weights=True)`."""
+    if not packed or not supported(model) or not kernels():
+        return None
+    need = [m for layer in model.model.layers for m in (*(getattr(layer.self_attn, k) for k in
+            ("q_proj", "k_proj", "v_proj", "o_proj")), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    if not all(id(m) in packed for m in [*need, model.lm_head]):
+        return None
+    return LlamaDecoder(model, packed, cache, mask, n, max_new_tokens)
+
+
+def _linear(x, w, b=None):
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")  # x @ w.T + b
+
+
+def _linear_add(x, residual, w, b=None):
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")  # residual + x @ w.T + b
+
+
+class LlamaDecoder:
+    """One token per row through every layer, on the packed weights and the kernels. Call with the tokens of
+    the A rows still sampling (A,), their row numbers in the full batch of P * n (A,) (increasing), their
+    positions (A,) and t, the completion slot these tokens take (0 for the first sampled token)."""
+
+    def __init__(self, model, packed, cache, mask, n, max_new_tokens):
+        cfg, inner = model.config, model.model
+        attn0 = inner.layers[0].self_attn
+        self.n, self.heads, self.scale = n, cfg.num_attention_heads, attn0.scaling
+        self.embed, self.final_norm = inner.embed_tokens.weight, inner.norm
+        self.head = packed[id(model.lm_head)][:2]
+        P, Lp = mask.shape
+        self.start = (Lp - mask.sum(-1)).contiguous()  # (P,) first real position of each left-padded prompt
+        d, nkv = cache.layers[0].keys.shape[-1], cache.layers[0].keys.shape[1]
+        # cos / sin of every position a row can reach (A, d) rows are picked per step
+        positions = torch.arange(Lp + max_new_tokens + 1)[None]
+        cos, sin = inner.rotary_emb(self.embed[:1], positions)  # (1, T, d) each
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+        self.layers = []
+        for layer, kv in zip(inner.layers, cache.layers):
+            a, m = layer.self_attn, layer.mlp
+            qkv, o, gu, down = (packed[id(x)] for x in (a.q_proj, a.o_proj, m.gate_proj, m.down_proj))
+            assert qkv[2:] == (0, self.heads * d) and packed[id(a.v_proj)][3] == (self.heads + 2 * nkv) * d
+            assert gu[2] == 0 and packed[id(m.up_proj)][3] == 2 * m.gate_proj.out_features  # fused as [gate | up]
+            self.layers.append(dict(
+                qkv=qkv[:2], o=o[:2], gu=gu[:2], down=down[:2],
+                norm1=(layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon),
+                norm2=(layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon),
+                prompt_k=F.pad(kv.keys.transpose(-1, -2), (0, LANES)).contiguous(),  # (P, nkv, d, Lp + LANES)
+                prompt_v=kv.values.contiguous(),  # (P, nkv, Lp, d)
+                k=kv.keys.new_zeros(P * n, nkv, d, max_new_tokens + LANES),  # (N, nkv, d, C + LANES) transposed
+                v=kv.values.new_zeros(P * n, nkv, max_new_tokens, d)))  # (N, nkv, C, d)
+
+    def __call__(self, tokens, rows, positions, t):
+        ops = torch.ops.nanorl_cpu
+        h = F.embedding(tokens, self.embed)  # (A, H)
+        cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)  # (A, d)
+        for p in self.layers:
+            x = ops.rms_norm(h, *p["norm1"])
+            qkv = _linear(x, *p["qkv"])  # (A, (heads + 2 kv heads) d)
+            o = ops.decode_attention(qkv, cos, sin, p["prompt_k"], p["prompt_v"], p["k"], p["v"], rows, self.start,
+                                     self.n, t, self.heads, self.scale)  # (A, heads d)
+            h = _linear_add(o, h, *p["o"])
+            gu = _linear(ops.rms_norm(h, *p["norm2"]), *p["gu"])  # (A, 2 I)
+            h = _linear_add(ops.silu_mul(gu), h, *p["down"])
+        w, eps = self.final_norm.weight.detach(), self.final_norm.variance_epsilon
+        return _linear(ops.rms_norm(h, w, eps), *self.head)  # (A, V)
