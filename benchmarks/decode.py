@@ -1,0 +1,99 @@
+"""Rollouts side by side in one process, turn about: the sampler with backends/decode.py's lean step, the
+sampler with the model's own forward (`ModelStep`), and plain `model.generate` for the same rows (each prompt
+repeated once per sample), on the speed benchmark's batch (8 prompts x 8 samples, 32 new tokens, temperature 1).
+Taking turns cancels this machine's drift, which moves separate runs by 20% (benchmarks/speed.py runs parts
+one after another).
+
+    python benchmarks/decode.py                   # SmolLM2-135M on CPU, 5 rounds
+    python benchmarks/decode.py --model tiny --reps 2
+
+Prints tokens/s of each (median and min-max), the ratios, and how far the lean rollout's log-probs are from
+the model's own for the same sequences (`token_logprobs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import speed  # noqa: E402  the same prompts and seeds as the speed benchmark
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--reps", type=int, default=5, help="rollouts per decode step, alternating")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=None, help="also write the numbers to this JSON file")
+    a = ap.parse_args()
+    a.device = "cpu"
+
+    from nanorl.config import GRPOConfig
+    from nanorl.data import collate, render_prompt
+    from nanorl.models import load_model, stop_token_ids, token_logprobs
+    from nanorl.sampling import SamplingParams, generate, left_pad
+
+    model, tok = load_model(a.model)
+    model.eval()
+    _, examples = speed.first_prompts(GRPOConfig(model=a.model), a)
+    prompts, stops = [render_prompt(tok, ex.prompt) for ex in examples], stop_token_ids(model, tok)
+    params = SamplingParams(max_new_tokens=a.new_tokens)
+    ids, mask = left_pad([p for p in prompts for _ in range(a.samples)], tok.pad_token_id, "cpu")
+
+    def hf_generate(seed: int) -> int:  # plain `generate`, as in speed.py's part_generate
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=a.new_tokens, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=stops)
+        rows = out[:, ids.shape[1]:].tolist()
+        return sum(next((i + 1 for i, x in enumerate(row) if x in stops), len(row)) for row in rows)
+
+    def sampler(lean: bool):
+        def run(seed: int) -> int:
+            roll = generate(model, prompts, a.samples, params, stops, seed=seed, pad_id=tok.pad_token_id, lean=lean)
+            return sum(map(len, roll.completion_ids))
+        return run
+
+    kinds = {"lean step (backends/decode.py)": sampler(True), "model forward (ModelStep)": sampler(False),
+             "transformers generate": hf_generate}
+    rate = {k: [] for k in kinds}
+    for run in kinds.values():  # warm-up (and the kernels' build)
+        run(0)
+    for r in range(a.reps):
+        for name, run in kinds.items():
+            t = time.perf_counter()
+            n = run(r)
+            rate[name].append(n / (time.perf_counter() - t))
+    roll = generate(model, prompts, a.samples, params, stops, seed=0, pad_id=tok.pad_token_id)
+    ref, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
+    gap = max((ref[i, :len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
+    med = {k: statistics.median(v) for k, v in rate.items()}
+    lean, forward, hf = kinds
+    res = {"model": a.model, "cpu": speed.cpu_identity(), "threads": torch.get_num_threads(), "reps": a.reps,
+           "tokens_per_s": rate, "lean_vs_model_forward": med[lean] / med[forward],
+           "lean_vs_generate": med[lean] / med[hf], "model_forward_vs_generate": med[forward] / med[hf],
+           "max_logprob_gap": gap}
+    print(f"{res['cpu']}, {res['threads']} threads, {a.model}, {a.prompts} x {a.samples} rows, {a.new_tokens} new "
+          f"tokens, medians of {a.reps} rounds (min-max)")
+    for name in kinds:
+        print(f"  {name:32s} {med[name]:6.0f} tokens/s ({min(rate[name]):.0f}-{max(rate[name]):.0f})")
+    print(f"  lean step / model forward {res['lean_vs_model_forward']:.2f}x; lean step / generate "
+          f"{res['lean_vs_generate']:.2f}x; model forward / generate {res['model_forward_vs_generate']:.2f}x")
+    print(f"  lean rollout log-probs vs token_logprobs of the same sequences: max |diff| {gap:.1e}")
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
