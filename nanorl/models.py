@@ -66,14 +66,14 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype, tor
 def fast_forward(model, pack_weights: bool = False):
     """The context every forward of the loops runs in: autocast for a model loaded for mixed precision
     (`load_model(..., autocast=torch.bfloat16)`), else the CPU's fast fp32 kernels (backends/cpu.py; a no-op
-    on GPUs and for other dtypes)."""
+    on GPUs and for other dtypes). Yields the weights packed for the sampler ({} unless pack_weights took)."""
     dtype = getattr(model, "autocast_dtype", None)
     if dtype is not None:
         with torch.autocast(model.device.type, dtype=dtype):
             yield {}
         return
     with fast_cpu(model, pack_weights) as packed:
-        yield packed  # the weights packed for the sampler (backends/decode.py)
+        yield packed
 
 
 # ----------------------------------------------------------------------------- loading

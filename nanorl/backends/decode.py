@@ -125,8 +125,12 @@ class LlamaDecoder:
         positions = torch.arange(Lp + max_new_tokens + 1)[None]
         cos, sin = inner.rotary_emb(self.embed[:1], positions)  # (1, T, d) each
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
-        self.layers = []
-        for layer, kv in zip(inner.layers, cache.layers):
+        self.layers, layers = [], len(inner.layers)
+        # completion caches of every layer in two allocations (60 separate ones left holes in the heap that
+        # the update could not reuse: +0.2 GiB peak over 11 steps of benchmarks/speed.py)
+        ks = cache.layers[0].keys.new_zeros(layers, P * n, nkv, d, max_new_tokens + LANES)  # (N, nkv, d, C + LANES) each
+        vs = cache.layers[0].values.new_zeros(layers, P * n, nkv, max_new_tokens, d)  # (N, nkv, C, d) each
+        for layer, kv, k, v in zip(inner.layers, cache.layers, ks, vs):
             a, m = layer.self_attn, layer.mlp
             qkv, o, gu, down = (packed[id(x)] for x in (a.q_proj, a.o_proj, m.gate_proj, m.down_proj))
             assert qkv[2:] == (0, self.heads * d) and packed[id(a.v_proj)][3] == (self.heads + 2 * nkv) * d
@@ -137,8 +141,7 @@ class LlamaDecoder:
                 norm2=(layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon),
                 prompt_k=F.pad(kv.keys.transpose(-1, -2), (0, LANES)).contiguous(),  # (P, nkv, d, Lp + LANES)
                 prompt_v=kv.values.contiguous(),  # (P, nkv, Lp, d)
-                k=kv.keys.new_zeros(P * n, nkv, d, max_new_tokens + LANES),  # (N, nkv, d, C + LANES) transposed
-                v=kv.values.new_zeros(P * n, nkv, max_new_tokens, d)))  # (N, nkv, C, d)
+                k=k, v=v))
 
     def __call__(self, tokens, rows, positions, t):
         ops = torch.ops.nanorl_cpu
