@@ -45,7 +45,8 @@ def test_decode_attention_matches_sdpa_over_prompt_and_completion(ops, d, heads,
     start = torch.tensor([0, 4, 2])  # left padding of each prompt
     kp, vp = torch.randn(P, kv_heads, Lp, d, generator=g), torch.randn(P, kv_heads, Lp, d, generator=g)
     kc, vc = torch.zeros(N, kv_heads, C, d), torch.zeros(N, kv_heads, C, d)
-    kc[:, :, :t], vc[:, :, :t] = torch.randn(N, kv_heads, t, d, generator=g), torch.randn(N, kv_heads, t, d, generator=g)
+    kc[:, :, :t] = torch.randn(N, kv_heads, t, d, generator=g)
+    vc[:, :, :t] = torch.randn(N, kv_heads, t, d, generator=g)
     rows = torch.tensor([0, 2, 3, 5])  # rows 1 and 4 finished
     qkv = torch.randn(len(rows), (heads + 2 * kv_heads) * d, generator=g)
     angle = torch.rand(len(rows), d // 2, generator=g) * 6
@@ -95,7 +96,8 @@ def test_decoder_logits_match_the_models_own_forward(ops, arch):
             from transformers import DynamicCache
 
             cache = DynamicCache()
-            model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                  **{cache_kwarg(model): cache})
             runs.append(decode.cpu_decoder(model, packed, cache, mask, n, steps) if lean else
                         ModelStep(model, cache, mask, n))
         assert isinstance(runs[0], decode.LlamaDecoder)

@@ -8,8 +8,9 @@ Per new token a decoder layer is four oneDNN matmuls on the weights `fast_cpu` p
 SiLU(gate) * up, and one that applies rotary embeddings, writes the key and value into the row's
 completion cache and attends over the group's prompt (kept once per prompt, never copied per row) and
 the row's completion so far. Finished rows simply stop being passed in: no cache is compacted or grown
-with torch.cat. At 64 rows of SmolLM2-135M this cut the non-matmul time of a step from ~35 to ~15 ms
-(notes/LOG.md, session 10); logits agree with the model's own forward to ~1e-6 relative (tests/test_decode.py).
+with torch.cat. At 64 rows of SmolLM2-135M this cut the non-matmul time of a step from ~35 to ~15 ms and
+rollouts ran at 1.3-1.4x the tokens/s of the transformers forward (benchmarks/decode.py, notes/LOG.md);
+logits agree with the model's own forward to ~1e-5 (tests/test_decode.py).
 
 The kernels are compiled on first use (~15 s, then cached per CPU and torch version under nanorl's cache
 folder). Without a compiler, or for other architectures, dtypes or devices, `cpu_decoder` returns None and
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanorl.backends.cpu import _is_gated_silu_mlp
+from nanorl.backends.cpu import _dnn as _linear, _is_gated_silu_mlp
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 LANES = 16  # cpu_decode.cpp reads keys LANES at a time: transposed key caches carry LANES spare columns
@@ -66,12 +67,15 @@ def kernels() -> bool:
 def supported(model) -> bool:
     """A model whose decode step `LlamaDecoder` computes exactly: Llama or Qwen2 layers, fp32 on CPU."""
     cfg, inner = model.config, getattr(model, "model", None)
-    if (getattr(cfg, "model_type", None) not in ARCHS or getattr(model, "autocast_dtype", None) is not None
+    if getattr(cfg, "model_type", None) not in ARCHS:
+        return False
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if (getattr(model, "autocast_dtype", None) is not None
             or model.device.type != "cpu" or model.dtype != torch.float32 or inner is None
             or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
             or getattr(cfg, "pretraining_tp", 1) != 1
             or getattr(getattr(inner, "rotary_emb", None), "rope_type", None) not in STATIC_ROPE
-            or 2 * inner.rotary_emb.inv_freq.numel() != (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+            or 2 * inner.rotary_emb.inv_freq.numel() != head_dim  # rotary on every dimension
             or type(getattr(inner, "embed_tokens", None)) is not torch.nn.Embedding):
         return False
     for layer in inner.layers:
@@ -99,10 +103,6 @@ def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_
     return LlamaDecoder(model, packed, cache, mask, n, max_new_tokens)
 
 
-def _linear(x, w, b=None):
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")  # x @ w.T + b
-
-
 def _linear_add(x, residual, w, b=None):
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")  # residual + x @ w.T + b
 
@@ -116,20 +116,21 @@ class LlamaDecoder:
         cfg, inner = model.config, model.model
         attn0 = inner.layers[0].self_attn
         self.n, self.heads, self.scale = n, cfg.num_attention_heads, attn0.scaling
-        self.embed, self.final_norm = inner.embed_tokens.weight, inner.norm
+        self.embed, self.final_norm = inner.embed_tokens.weight.detach(), inner.norm
         self.head = packed[id(model.lm_head)][:2]
         P, Lp = mask.shape
         self.start = (Lp - mask.sum(-1)).contiguous()  # (P,) first real position of each left-padded prompt
         d, nkv = cache.layers[0].keys.shape[-1], cache.layers[0].keys.shape[1]
-        # cos / sin of every position a row can reach (A, d) rows are picked per step
+        # cos / sin (T, d) of every position a row can reach; each step picks its rows'
         positions = torch.arange(Lp + max_new_tokens + 1)[None]
         cos, sin = inner.rotary_emb(self.embed[:1], positions)  # (1, T, d) each
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
         self.layers, layers = [], len(inner.layers)
         # completion caches of every layer in two allocations (60 separate ones left holes in the heap that
         # the update could not reuse: +0.2 GiB peak over 11 steps of benchmarks/speed.py)
-        ks = cache.layers[0].keys.new_zeros(layers, P * n, nkv, d, max_new_tokens + LANES)  # (N, nkv, d, C + LANES) each
-        vs = cache.layers[0].values.new_zeros(layers, P * n, nkv, max_new_tokens, d)  # (N, nkv, C, d) each
+        C = max_new_tokens
+        ks = cache.layers[0].keys.new_zeros(layers, P * n, nkv, d, C + LANES)  # (layers, N, nkv, d, C + LANES)
+        vs = cache.layers[0].values.new_zeros(layers, P * n, nkv, C, d)  # (layers, N, nkv, C, d)
         for layer, kv, k, v in zip(inner.layers, cache.layers, ks, vs):
             a, m = layer.self_attn, layer.mlp
             qkv, o, gu, down = (packed[id(x)] for x in (a.q_proj, a.o_proj, m.gate_proj, m.down_proj))
