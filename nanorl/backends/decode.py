@@ -12,7 +12,7 @@ with torch.cat. At 64 rows of SmolLM2-135M this cut the non-matmul time of a ste
 rollouts ran at 1.3-1.4x the tokens/s of the transformers forward (benchmarks/decode.py, notes/LOG.md);
 logits agree with the model's own forward to ~1e-5 (tests/test_decode.py).
 
-The kernels are compiled on first use (~15 s, then cached per CPU and torch version under nanorl's cache
+The kernels are compiled on first use (~10 s, then cached per CPU and torch version under nanorl's cache
 folder). Without a compiler, or for other architectures, dtypes or devices, `cpu_decoder` returns None and
 the sampler runs the model's forward: the same distribution, somewhat slower.
 """
