@@ -4,13 +4,12 @@
                         stop_ids=[2], seed=123)
 
 Why not `model.generate`? Four reasons. (1) A group of n samples of one prompt shares its prompt, so
-we prefill each prompt once and its KV cache serves all n samples. (2) Finished
-rows are dropped from the batch, so late steps cost only what is still running. (3) On CPU, Llama-family
-models decode with backends/decode.py's step (C++ kernels for attention and the small ops), 1.3-1.4x the
-tokens/s of their transformers forward (benchmarks/decode.py); other models run their own (`ModelStep`).
-(4) Only the settings
-given here shape the distribution: generation-config defaults shipped with a model (top-k, repetition
-penalty, ...) are never applied behind the caller's back.
+we prefill each prompt once and its KV cache serves all n samples. (2) Finished rows are dropped from
+the batch, so late steps cost only what is still running. (3) On CPU, Llama-family models decode with
+backends/decode.py's step (C++ kernels for attention and the small ops), 1.3-1.4x the tokens/s of their
+transformers forward (benchmarks/decode.py); other models run their own (`ModelStep`). (4) Only the
+settings given here shape the distribution: generation-config defaults shipped with a model (top-k,
+repetition penalty, ...) are never applied behind the caller's back.
 
 The log-prob recorded for each token is under the policy softmax(logits / temperature), before any
 top-k / top-p truncation, so it is exactly what `token_logprobs` computes for the same sequence.
