@@ -69,6 +69,20 @@ def test_decode_attention_matches_sdpa_over_prompt_and_completion(ops, d, heads,
     assert not kct[untouched, :, :, t].any() and not vct[untouched, :, t].any()
 
 
+def _llama_with_biases():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=1, max_position_embeddings=256, attention_bias=True, mlp_bias=True)
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():  # random biases (they start at zero)
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
 def _qwen2_tiny():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -78,9 +92,10 @@ def _qwen2_tiny():
     return Qwen2ForCausalLM(cfg).float()  # biases on query, key and value
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "llama_biases", "qwen2"])
 def test_decoder_logits_match_the_models_own_forward(ops, arch):
-    model = tiny_model_and_tokenizer()[0] if arch == "llama" else _qwen2_tiny()
+    model = {"llama": lambda: tiny_model_and_tokenizer()[0], "llama_biases": _llama_with_biases,
+             "qwen2": _qwen2_tiny}[arch]()
     assert decode.supported(model)
     with torch.no_grad():  # sharper attention than a random init's near-uniform one, so its errors show
         for layer in model.model.layers:
