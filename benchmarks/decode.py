@@ -52,11 +52,8 @@ def main() -> None:
     def hf_generate(seed: int) -> int:  # plain `generate`, as in speed.py's part_generate
         torch.manual_seed(seed)
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=a.new_tokens, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=stops)
-        rows = out[:, ids.shape[1]:].tolist()
-        return sum(next((i + 1 for i, x in enumerate(row) if x in stops), len(row)) for row in rows)
+            return speed.generated_tokens(speed.hf_generate(model, ids, mask, a.new_tokens, tok.pad_token_id, stops),
+                                          stops)
 
     def sampler(lean: bool):
         def run(seed: int) -> int:

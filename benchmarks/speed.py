@@ -182,6 +182,19 @@ def part_roofline(a) -> dict:
     return res
 
 
+def hf_generate(model, ids, mask, new_tokens: int, pad: int, stops: list[int]) -> torch.Tensor:
+    """Plain `model.generate` of these rows with the sampler's settings (temperature 1, no top-k or top-p):
+    the new tokens (rows, new_tokens)."""
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                         max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=stops)
+    return out[:, ids.shape[1]:]
+
+
+def generated_tokens(new: torch.Tensor, stops: list[int]) -> int:
+    """Tokens `hf_generate` sampled: each row up to and including its first stop token (then padding)."""
+    return sum(next((i + 1 for i, x in enumerate(row) if x in stops), len(row)) for row in new.tolist())
+
+
 def part_generate(a) -> dict:
     from nanorl.config import GRPOConfig
     from nanorl.data import render_prompt
@@ -206,12 +219,10 @@ def part_generate(a) -> dict:
             sync(device)
             t_prefill = time.perf_counter() - t
             t = time.perf_counter()
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=a.new_tokens, pad_token_id=pad, eos_token_id=stops)
+            new = hf_generate(model, ids, mask, a.new_tokens, pad, stops)
             sync(device)
             dt = time.perf_counter() - t
-        new = out[:, ids.shape[1]:].tolist()
-        n = sum(next((i + 1 for i, x in enumerate(row) if x in stops), len(row)) for row in new)
+        n = generated_tokens(new, stops)
         if r >= a.warmup:
             times.append(dt), prefill.append(t_prefill), tokens.append(n)
     return {"time": med(times), "prefill_time": med(prefill), "tokens": med(tokens),

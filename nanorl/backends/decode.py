@@ -116,7 +116,8 @@ class LlamaDecoder:
         cfg, inner = model.config, model.model
         attn0 = inner.layers[0].self_attn
         self.n, self.heads, self.scale = n, cfg.num_attention_heads, attn0.scaling
-        self.embed, self.final_norm = inner.embed_tokens.weight.detach(), inner.norm
+        self.embed = inner.embed_tokens.weight.detach()
+        self.final_norm = (inner.norm.weight.detach(), inner.norm.variance_epsilon)
         self.head = packed[id(model.lm_head)][:2]
         P, Lp = mask.shape
         self.start = (Lp - mask.sum(-1)).contiguous()  # (P,) first real position of each left-padded prompt
@@ -156,5 +157,4 @@ class LlamaDecoder:
             h = _linear_add(o, h, *p["o"])
             gu = _linear(ops.rms_norm(h, *p["norm2"]), *p["gu"])  # (A, 2 I)
             h = _linear_add(ops.silu_mul(gu), h, *p["down"])
-        w, eps = self.final_norm.weight.detach(), self.final_norm.variance_epsilon
-        return _linear(ops.rms_norm(h, w, eps), *self.head)  # (A, V)
+        return _linear(ops.rms_norm(h, *self.final_norm), *self.head)  # (A, V)
