@@ -19,13 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
-from nanorl.config import PRESETS, preset, to_dict
+from nanorl.config import PRESETS, PPOConfig, preset, to_dict
 from nanorl.grpo import train
+from nanorl.ppo import train as ppo_train
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--algos", default=",".join(PRESETS), help="comma-separated presets")
+    p.add_argument("--algos", default=",".join([*PRESETS, "ppo"]), help="comma-separated presets, and ppo (`nanorl ppo`)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--eval-size", type=int, default=200)
@@ -36,14 +37,15 @@ def main() -> None:
     rows = []
     for algo in a.algos.split(","):
         t0 = time.perf_counter()
-        cfg = preset(algo, model=a.model, steps=a.steps, eval_every=a.steps, eval_size=a.eval_size, save_every=0,
-                     out_dir=str(out / algo))
+        settings = dict(model=a.model, steps=a.steps, eval_every=a.steps, eval_size=a.eval_size, save_every=0,
+                        out_dir=str(out / algo))
+        cfg = PPOConfig(**settings) if algo == "ppo" else preset(algo, **settings)
         done = out / algo / "results.json"
         if done.is_file() and json.loads((out / algo / "config.json").read_text()) == to_dict(cfg):
             result = json.loads(done.read_text())  # finished earlier with the same config: reuse it
             t0 -= result["wall_s"]
         else:
-            result = train(cfg)
+            result = (ppo_train if algo == "ppo" else train)(cfg)
         metrics = [json.loads(x) for x in open(out / algo / "metrics.jsonl")]
         rows.append({"algo": algo, "before": result["before"]["eval/greedy_acc"],
                      "after": result["after"]["eval/greedy_acc"],

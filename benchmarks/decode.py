@@ -39,7 +39,8 @@ def main() -> None:
 
     from nanorl.config import GRPOConfig
     from nanorl.data import collate, render_prompt
-    from nanorl.models import load_model, stop_token_ids, token_logprobs
+    from nanorl.logprobs import token_logprobs
+    from nanorl.models import load_model, stop_token_ids
     from nanorl.sampling import SamplingParams, generate, left_pad
 
     model, tok = load_model(a.model)

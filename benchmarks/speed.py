@@ -18,8 +18,8 @@ timed ones; we report medians and the min-max spread.
                Ideal times follow: 2 N FLOPs per token through the model, 6 N per trained token,
                with N the weights that take part in matmuls (the tied embedding counts as the head).
     generate   `model.generate` for the same rows (each prompt repeated once per sample, as TRL does).
-    nanorl     a GRPO step of nanorl's own pieces (`Run.rollout_and_score`, the group advantage,
-               `backward_minibatch`, `optimizer_step`), timed phase by phase; the update is run twice:
+    nanorl     a GRPO step of nanorl's own pieces (`online.rollout_and_score`, the group advantage,
+               `update.policy_backward`, `optimizer_step`), timed phase by phase; the update is run twice:
                as the loop runs it (rows whose advantage is exactly 0 are skipped) and with every one
                of the rows trained (the same work TRL does), on alternate steps.
     trl        TRL's `GRPOTrainer`, the equivalent configuration (loss "dapo", beta 0, one
@@ -69,7 +69,8 @@ def cpu_identity() -> str:
 def device_and_precision(a):
     """(device, weight dtype, autocast dtype or None): on a GPU fp32 weights with bf16 autocast (nanorl's
     default there, and TRL's bf16=True), else cpu + fp32 (bf16 is ~100x slower on CPUs without bf16 units)."""
-    from nanorl.models import resolve_device, resolve_precision
+    from nanorl.backends import resolve_precision
+    from nanorl.models import resolve_device
 
     device = resolve_device(a.device)
     return device, *resolve_precision("auto", device)
@@ -111,10 +112,10 @@ def count_tokens(model) -> dict:
 
 def first_prompts(cfg, a):
     """The default run's first-step examples."""
-    from nanorl.rl import prompt_order
-    from nanorl.tasks import get_task
+    from nanorl.online import prompt_order
+    from nanorl.tasks import task_from_config
 
-    task = get_task(cfg.task, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size)
+    task = task_from_config(cfg)
     return task, [task.train[i] for i in prompt_order(len(task.train), SEED, 0, a.prompts)]
 
 
@@ -231,23 +232,51 @@ def part_generate(a) -> dict:
 
 
 def nanorl_run(a):
-    """nanorl's run state for the benchmark batch: config, Run (models, task, sampler), examples, optimizer."""
+    """nanorl's pieces for the benchmark batch, set up as grpo.train sets them up: config, run (policy, tokenizer,
+    task, sampler, backend, device), examples, optimizer."""
+    from types import SimpleNamespace
+
+    from nanorl.backends import select_backend
     from nanorl.config import GRPOConfig
     from nanorl.learner import make_optimizer
-    from nanorl.rl import Run
+    from nanorl.models import load_model, resolve_device, stop_token_ids
+    from nanorl.sampling import LocalSampler
 
     cfg = GRPOConfig(model=a.model, lr=LR, prompts_per_step=a.prompts, samples_per_prompt=a.samples, device=a.device,
                      micro_batch_size=a.micro_batch_size,
                      max_new_tokens=a.new_tokens, eval_size=8, out_dir=tempfile.mkdtemp(prefix="nanorl_speed_"))
-    run = Run(cfg, None, "speed")
-    _, examples = first_prompts(cfg, a)
+    device = resolve_device(cfg.device)
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
+    backend.prepare(device)
+    torch.manual_seed(cfg.seed)
+    task, examples = first_prompts(cfg, a)
+    policy, tok = load_model(cfg.model, device, dtype)
+    policy.eval()
+    run = SimpleNamespace(policy=policy, tok=tok, task=task, device=device, backend=backend, pad_id=tok.pad_token_id,
+                          sampler=LocalSampler(policy, stop_token_ids(policy, tok), tok.pad_token_id, backend))
     opt, sched = make_optimizer(run.policy, cfg.lr, 0.0, 0, 10_000, "constant")
     return cfg, run, examples, opt, sched
 
 
+def nanorl_rollout(cfg, run, examples, r: int, timer: dict):
+    """One rollout and its rewards, as the loop runs it at step r."""
+    from nanorl.online import rollout_and_score
+    from nanorl.seeds import derive_seed
+
+    return rollout_and_score(run.sampler, run.tok, run.task, None, examples, cfg, derive_seed(SEED, r, "rollout"), timer,
+                             run.device, run.backend)
+
+
+def nanorl_update(cfg, run, roll, adv) -> None:
+    """The update of every row with a non-zero advantage, then the optimizer step, as the loop runs them."""
+    from nanorl.update import policy_backward
+
+    policy_backward(run.policy, roll, adv, list(range(len(adv))), cfg, on_policy=True, pad_id=run.pad_id,
+                    device=run.device, backend=run.backend)
+
+
 def part_nanorl(a) -> dict:
     from nanorl.advantages import ESTIMATORS
-    from nanorl.grpo import backward_minibatch
     from nanorl.learner import optimizer_step
 
     cfg, run, examples, opt, sched = nanorl_run(a)
@@ -256,14 +285,14 @@ def part_nanorl(a) -> dict:
                            "update_tokens_as_run", "update_tokens_all_rows", "rows_as_run")}
     for r in range(a.warmup + 2 * a.reps):
         timer = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        roll, _, rewards, _ = run.rollout_and_score(examples, SEED * 1_000_003 + r, timer)  # (N,)
+        roll, _, rewards, _ = nanorl_rollout(cfg, run, examples, r, timer)  # (N,)
         adv, _ = ESTIMATORS["group"](rewards, a.samples, True)  # (N,)
         all_rows = r % 2 == 1
         if all_rows:  # the work TRL does: every row carries a (here random, non-zero) advantage
             adv = torch.randn(len(adv), generator=torch.Generator().manual_seed(r)).sign()
         seen["tokens"] = 0
         t = time.perf_counter()
-        backward_minibatch(run.policy, None, roll, adv, list(range(len(adv))), cfg, True, run.pad_id, run.device)
+        nanorl_update(cfg, run, roll, adv)
         optimizer_step(run.policy, opt, sched, cfg.grad_clip)  # .item() inside: synchronised
         dt = time.perf_counter() - t
         if r < a.warmup:
@@ -359,7 +388,6 @@ def part_profile(a) -> dict:
     """torch.profiler over one nanorl step (rollout + an update of every row): the top operators by self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from nanorl.grpo import backward_minibatch
     from nanorl.learner import optimizer_step
 
     cfg, run, examples, opt, sched = nanorl_run(a)
@@ -370,14 +398,13 @@ def part_profile(a) -> dict:
     for r in range(2):  # a warm-up step, then the profiled one
         with profile(activities=acts) as prof:
             t = time.perf_counter()
-            roll, _, _, _ = run.rollout_and_score(examples, SEED * 1_000_003 + r, {"rollout": 0.0, "reward": 0.0,
-                                                                                   "tokens": 0})
+            roll, _, _, _ = nanorl_rollout(cfg, run, examples, r, {"rollout": 0.0, "reward": 0.0, "tokens": 0})
             t_roll = time.perf_counter() - t
         tables["rollout"] = (t_roll, prof.key_averages().table(sort_by=key, row_limit=15))
         adv = torch.randn(len(roll.completion_ids), generator=torch.Generator().manual_seed(r)).sign()
         with profile(activities=acts) as prof:
             t = time.perf_counter()
-            backward_minibatch(run.policy, None, roll, adv, list(range(len(adv))), cfg, True, run.pad_id, run.device)
+            nanorl_update(cfg, run, roll, adv)
             optimizer_step(run.policy, opt, sched, cfg.grad_clip)
             t_upd = time.perf_counter() - t
         tables["update"] = (t_upd, prof.key_averages().table(sort_by=key, row_limit=15))

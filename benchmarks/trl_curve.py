@@ -67,14 +67,15 @@ def main() -> None:
 
     from nanorl.config import GRPOConfig
     from nanorl.evaluate import evaluate
-    from nanorl.models import load_model
-    from nanorl.rl import prompt_order
-    from nanorl.tasks import get_task
+    from nanorl.models import load_model, stop_token_ids
+    from nanorl.online import prompt_order
+    from nanorl.sampling import LocalSampler
+    from nanorl.tasks import task_from_config
 
     # ----------------------------------------------------------------------------- the same run
     cfg = GRPOConfig(model=a.model, steps=a.steps, eval_size=a.eval_size)
     torch.manual_seed(cfg.seed)
-    task = get_task(cfg.task, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size)
+    task = task_from_config(cfg)
     model, tok = load_model(cfg.model, "cpu", torch.float32)
     order = [i for s in range(cfg.steps) for i in prompt_order(len(task.train), cfg.seed, s, cfg.prompts_per_step)]
     by_prompt = {ex.prompt: ex for ex in task.train}
@@ -102,7 +103,8 @@ def main() -> None:
     rec = {"step_s": [], "logs": [], "curve": []}
 
     def score(step: int, train_s: float) -> None:
-        metrics, _ = evaluate(trainer.model, tok, task, cfg.max_new_tokens)
+        metrics, _ = evaluate(LocalSampler(trainer.model, stop_token_ids(trainer.model, tok), tok.pad_token_id), tok, task,
+                              cfg.max_new_tokens)
         rec["curve"].append({"step": step, "minutes": train_s / 60, "acc": metrics["eval/greedy_acc"]})
         print(f"[trl_curve] step {step}: held-out greedy {metrics['eval/greedy_acc']:.1%} "
               f"after {train_s / 60:.1f} training min", flush=True)

@@ -17,8 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from nanorl.config import RMConfig, SFTConfig, preset
-from nanorl.grpo import train as rl_train
+from nanorl.config import PPOConfig, RMConfig, SFTConfig
+from nanorl.ppo import train as ppo_train
 from nanorl.reward_model import train as rm_train
 from nanorl.sft import train as sft_train
 
@@ -36,10 +36,10 @@ def main() -> None:
     # ------------------------------------------------------------------ 2. reward model
     rm = rm_train(RMConfig(model=str(out / "sft" / "model"), out_dir=str(out / "rm"), epochs=1))
     # ------------------------------------------------------------------ 3. PPO on the learned reward
-    ppo = rl_train(preset("ppo", model=str(out / "sft" / "model"), reward_model=str(out / "rm" / "model"),
-                          critic_model=str(out / "rm" / "model"), rule_weight=0.0, steps=a.steps,
-                          eval_every=max(1, a.steps // 2), save_every=0, out_dir=str(out / "ppo"),
-                          eval_size=16 if small else 200, max_new_tokens=8 if small else 32))
+    ppo = ppo_train(PPOConfig(model=str(out / "sft" / "model"), reward_model=str(out / "rm" / "model"),
+                              critic_model=str(out / "rm" / "model"), rule_weight=0.0, steps=a.steps,
+                              eval_every=max(1, a.steps // 2), save_every=0, out_dir=str(out / "ppo"),
+                              eval_size=16 if small else 200, max_new_tokens=8 if small else 32))
     summary = {"sft": {"task_greedy_acc": [sft["before"]["eval/task_greedy_acc"], sft["after"]["eval/task_greedy_acc"]]},
                "rm": {"eval_pref_acc": [rm["before"]["eval/pref_acc"], rm["after"]["eval/pref_acc"]]},
                "ppo": {"greedy_acc": [ppo["before"]["eval/greedy_acc"], ppo["after"]["eval/greedy_acc"]]}}

@@ -13,8 +13,18 @@ from pathlib import Path
 
 import torch
 
+from nanorl import distributed
+
+
+def exists(path: Path) -> bool:
+    """Whether `path` holds a resumable checkpoint (one with trainer state)."""
+    return (Path(path) / "trainer_state.pt").is_file()
+
 
 def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None) -> None:
+    """Write the model, tokenizer and (with `opt`) the trainer state; only the main process writes."""
+    if not distributed.is_main():
+        return
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The `nanorl` command.
 
-    nanorl train [--config run.yaml] [--key value ...]   # GRPO; `nanorl train --help` lists every field
+    nanorl train [--config run.yaml] [--key value ...]   # GRPO and its family; `nanorl train --help` lists every field
+    nanorl ppo [--key value ...]                          # PPO with a critic (RLHF form)
     nanorl eval --model PATH_OR_ID --task arithmetic [--k 8]
     nanorl dpo [--data prefs.jsonl] [--key value ...]     # DPO / IPO / hinge on preference pairs
     nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
@@ -11,44 +12,35 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
-from nanorl.config import ConfigError, DPOConfig, GRPOConfig, RMConfig, SFTConfig, parse_args
+from nanorl.config import (ConfigError, DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig,
+                           parse_args)
 
-OFFLINE = {"dpo": ("nanorl.dpo", DPOConfig), "sft": ("nanorl.sft", SFTConfig), "rm": ("nanorl.reward_model", RMConfig)}
+TRAINERS = {"train": ("nanorl.grpo", GRPOConfig), "ppo": ("nanorl.ppo", PPOConfig), "dpo": ("nanorl.dpo", DPOConfig),
+            "sft": ("nanorl.sft", SFTConfig), "rm": ("nanorl.reward_model", RMConfig)}
 
 
-def eval_main(argv: list[str]) -> None:
+def eval_main(cfg: EvalConfig) -> None:
+    from nanorl.backends import select_backend
     from nanorl.evaluate import evaluate
-    from nanorl.models import load_model, resolve_device, resolve_precision
-    from nanorl.tasks import get_task
+    from nanorl.models import load_model, resolve_device, stop_token_ids
+    from nanorl.sampling import LocalSampler
+    from nanorl.tasks import task_from_config
 
-    p = argparse.ArgumentParser(prog="nanorl eval", description="Held-out greedy accuracy and pass@k of a model.")
-    p.add_argument("--model", required=True, help="alias, hub id, local folder or .gguf file")
-    p.add_argument("--task", default="arithmetic", help="a built-in task or a data file (see `nanorl train --help`)")
-    p.add_argument("--reward", default="", help="reward spec replacing the task's own, e.g. 'math=1'")
-    p.add_argument("--prompt-field", default="prompt")
-    p.add_argument("--answer-field", default="answer")
-    p.add_argument("--digits", type=int, default=2)
-    p.add_argument("--operators", default="+")
-    p.add_argument("--eval-size", type=int, default=200)
-    p.add_argument("--k", type=int, default=1, help="also report pass@k with k samples (1 = greedy only)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--system-prompt", default="")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", help="write metrics and greedy samples to this .json file")
-    a = p.parse_args(argv)
-    task = get_task(a.task, reward=a.reward, digits=a.digits, operators=a.operators, eval_size=a.eval_size,
-                    prompt_field=a.prompt_field, answer_field=a.answer_field)
-    device = resolve_device(a.device)
-    model, tok = load_model(a.model, device, *resolve_precision("auto", device))
-    metrics, samples = evaluate(model, tok, task, a.max_new_tokens, a.k, a.temperature, a.system_prompt)
+    task = task_from_config(cfg)
+    device = resolve_device(cfg.device)
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
+    model, tok = load_model(cfg.model, device, dtype)
+    model.eval()
+    sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
+    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.k, cfg.temperature, cfg.system_prompt)
     print(json.dumps(metrics, indent=2))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"model": a.model, "task": a.task, "metrics": metrics, "samples": samples}, f, indent=2)
+    if cfg.out:
+        with open(cfg.out, "w") as f:
+            json.dump({"model": cfg.model, "task": cfg.task, "metrics": metrics, "samples": samples}, f, indent=2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,19 +50,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     try:
-        if command == "train":
-            from nanorl.grpo import train
-
-            train(parse_args(GRPOConfig, rest, prog="nanorl train"))
-        elif command in OFFLINE:
-            import importlib
-
-            module, cls = OFFLINE[command]
-            importlib.import_module(module).train(parse_args(cls, rest, prog=f"nanorl {command}"))
+        if command in TRAINERS:
+            module, cls = TRAINERS[command]
+            importlib.import_module(module).train(parse_args(cls, rest))
         elif command == "eval":
-            eval_main(rest)
+            eval_main(parse_args(EvalConfig, rest))
         elif command == "plot":
-            from nanorl.plot import plot_run
+            from nanorl.integrations.plot import plot_run
 
             p = argparse.ArgumentParser(prog="nanorl plot", description="Plot a run folder's curves.")
             p.add_argument("run_dir")
@@ -78,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
             a = p.parse_args(rest)
             print(plot_run(a.run_dir, a.out))
         else:
-            raise ConfigError(f"unknown command '{command}' (use train, dpo, sft, rm, eval or plot)")
+            raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval or plot)")
     except (ConfigError, FileNotFoundError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,4 +1,4 @@
-"""One typed config for a GRPO run: a dataclass, a YAML file, and `--key value` overrides.
+"""One typed config per command: a dataclass, a YAML file, and `--key value` overrides.
 
     nanorl train --help                          # every field with its one-line help
     nanorl train --config run.yaml --lr 3e-6     # file first, then command-line overrides
@@ -21,21 +21,27 @@ def _f(default, help: str):
 
 
 @dataclass
-class RunConfig:
-    """The fields every trainer has: where it writes, its seed, its device and its model."""
+class ModelConfig:
+    """The model and how it runs: every command has these."""
 
-    out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
-    seed: int = _f(0, "seed for data order, sampling and initialisation")
+    model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
     device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = _f("auto", "'auto' (bf16-mixed on GPUs with bf16, else float32) | float32 | bf16-mixed (fp32 weights, bf16 matmuls) | bfloat16")
-    model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
+    backend: str = _f("auto", "auto (nanorl's CPU speed-ups where they apply) | torch (plain PyTorch; env NANORL_BACKEND=torch)")
 
 
 @dataclass
-class GRPOConfig(RunConfig):
-    """GRPO and its family, and PPO, on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300)."""
+class RunConfig(ModelConfig):
+    """The fields every trainer has: where it writes and its seed."""
 
-    # --- task
+    out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
+    seed: int = _f(0, "seed for data order, sampling and initialisation")
+
+
+@dataclass
+class TaskConfig:
+    """A task and its reward: `nanorl train`, `nanorl ppo` and `nanorl eval` read them (tasks.task_from_config)."""
+
     task: str = _f("arithmetic", "arithmetic | countdown | code | sql | gsm8k:FILE | a .jsonl/.csv/.parquet file or dataset folder")
     reward: str = _f("", "reward spec replacing the task's own: 'math=1,answer_tag=0.2', module:function, file.py:function")
     prompt_field: str = _f("prompt", "data files: the column holding the prompt (string or chat messages)")
@@ -45,6 +51,22 @@ class GRPOConfig(RunConfig):
     operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
     eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
+
+
+@dataclass
+class EvalConfig(ModelConfig, TaskConfig):
+    """Held-out greedy accuracy and pass@k of a model on a task (`nanorl eval`)."""
+
+    k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
+    temperature: float = _f(1.0, "sampling temperature for pass@k")
+    max_new_tokens: int = _f(32, "completion length cap")
+    out: str = _f("", "write metrics and greedy samples to this .json file ('' = print only)")
+
+
+@dataclass
+class OnlineConfig(RunConfig, TaskConfig):
+    """What every online RL loop has (GRPO's family in grpo.py, PPO in ppo.py)."""
+
     reward_model: str = _f("", "a reward model folder (`nanorl rm`, or any sequence-classification model) ('' = none)")
     rm_weight: float = _f(1.0, "reward = rule_weight * task reward + rm_weight * reward-model score")
     rule_weight: float = _f(1.0, "weight of the task's rule reward (0 with a reward model = the model alone)")
@@ -56,27 +78,11 @@ class GRPOConfig(RunConfig):
     temperature: float = _f(1.0, "sampling temperature of rollouts (the policy is softmax(logits / T))")
     top_p: float = _f(1.0, "nucleus sampling threshold for rollouts (1.0 = off)")
     top_k: int = _f(0, "top-k sampling for rollouts (0 = off)")
-    # --- algorithm (`--algo` picks a preset of the knobs below; explicit keys override it)
-    algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp | ppo (see README, Algorithms)")
-    adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out baseline) | batch (REINFORCE++ global norm)")
-    scale_adv_by_std: bool = _f(True, "divide advantages by the std (GRPO); False = Dr. GRPO")
-    loss_agg: str = _f("token", "token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO) loss normaliser")
-    ratio_level: str = _f("token", "importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
+    # --- policy loss and the reference model
     clip_low: float = _f(0.2, "clip ratios below 1 - clip_low (for negative advantages)")
     clip_high: float = _f(0.2, "clip ratios above 1 + clip_high (for positive advantages); DAPO uses 0.28")
-    dynamic_sampling: int = _f(0, "DAPO: drop groups with equal rewards, refill with up to N extra rollout rounds (0 = off)")
-    overlong: str = _f("none", "long completions: none | filter (no loss on truncated ones) | soft (DAPO length penalty)")
-    overlong_buffer: int = _f(0, "soft overlong: penalty ramps 0 -> -1 over the last N new tokens (0 = a quarter)")
     kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3 (see losses.kl_penalty for which gradient each gives)")
-    kl_placement: str = _f("loss", "KL as a loss term (GRPO) or as a detached penalty on the reward (PPO-RLHF)")
-    # --- PPO only (algo=ppo): the critic and generalised advantage estimation
-    critic_model: str = _f("", "critic initialisation: a reward-model folder, or '' = the policy's backbone")
-    critic_lr: float = _f(2e-5, "peak AdamW learning rate of the critic")
-    gamma: float = _f(1.0, "discount per token")
-    gae_lambda: float = _f(0.95, "GAE lambda (1 = Monte-Carlo returns, 0 = one-step TD)")
-    value_clip: float = _f(0.2, "clip the critic's new values to old +/- this (0 = off)")
-    target_kl: float = _f(0.0, "stop the epochs of a step early once the approximate KL to the rollout policy exceeds this (0 = off)")
     # --- optimisation
     lr: float = _f(2e-5, "peak AdamW learning rate")
     lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear (to 10% of peak)")
@@ -91,6 +97,42 @@ class GRPOConfig(RunConfig):
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
     save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = only at the end)")
     resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
+
+
+@dataclass
+class GRPOConfig(OnlineConfig):
+    """GRPO and its family on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300); `nanorl train`."""
+
+    # --- algorithm (`--algo` picks a preset of the knobs below; explicit keys override it)
+    algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp (see README, Algorithms; PPO: `nanorl ppo`)")
+    adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out baseline) | batch (REINFORCE++ global norm)")
+    scale_adv_by_std: bool = _f(True, "divide advantages by the std (GRPO); False = Dr. GRPO")
+    loss_agg: str = _f("token", "token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO) loss normaliser")
+    ratio_level: str = _f("token", "importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
+    dynamic_sampling: int = _f(0, "DAPO: drop groups with equal rewards, refill with up to N extra rollout rounds (0 = off)")
+    overlong: str = _f("none", "long completions: none | filter (no loss on truncated ones) | soft (DAPO length penalty)")
+    overlong_buffer: int = _f(0, "soft overlong: penalty ramps 0 -> -1 over the last N new tokens (0 = a quarter)")
+    kl_placement: str = _f("loss", "KL as a loss term (GRPO) or as a detached penalty on the reward (PPO-RLHF)")
+
+
+@dataclass
+class PPOConfig(OnlineConfig):
+    """PPO with a learned critic, in the RLHF form (arXiv 1707.06347, 2203.02155); `nanorl ppo`. The KL to
+    the reference is a per-token penalty in the reward."""
+
+    out_dir: str = _f("runs/ppo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
+    prompts_per_step: int = _f(16, "distinct prompts per rollout batch")
+    samples_per_prompt: int = _f(4, "completions sampled per prompt")
+    minibatch_size: int = _f(32, "sequences per optimizer step (0 = whole batch)")
+    kl_coef: float = _f(0.02, "weight of the per-token KL penalty to the frozen reference model (0 = none loaded)")
+    kl_estimator: str = _f("k1", "KL estimator of the per-token penalty: k1 | k2 | k3")
+    # --- the critic and generalised advantage estimation
+    critic_model: str = _f("", "critic initialisation: a reward-model folder, or '' = the policy's backbone")
+    critic_lr: float = _f(2e-5, "peak AdamW learning rate of the critic")
+    gamma: float = _f(1.0, "discount per token")
+    gae_lambda: float = _f(0.95, "GAE lambda (1 = Monte-Carlo returns, 0 = one-step TD)")
+    value_clip: float = _f(0.2, "clip the critic's new values to old +/- this (0 = off)")
+    target_kl: float = _f(0.0, "stop the epochs of a step early once the approximate KL to the rollout policy exceeds this (0 = off)")
 
 
 @dataclass
@@ -149,23 +191,8 @@ class ConfigError(ValueError):
     pass
 
 
-def validate_offline(cfg: OfflineConfig) -> None:
-    for name in ["max_length", "epochs", "batch_size", "micro_batch_size", "eval_every", "eval_size",
-                 "max_new_tokens"]:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
-    if cfg.lr <= 0:
-        raise ConfigError(f"config key 'lr': must be > 0, got {cfg.lr}")
-    if not 0 < cfg.eval_fraction < 1:
-        raise ConfigError(f"config key 'eval_fraction': must be in (0, 1), got {cfg.eval_fraction}")
-    if cfg.lr_schedule not in CHOICES["lr_schedule"]:
-        raise ConfigError(f"config key 'lr_schedule': expected constant|cosine|linear, got {cfg.lr_schedule!r}")
-    if isinstance(cfg, DPOConfig):
-        if cfg.loss not in ("sigmoid", "ipo", "hinge"):
-            raise ConfigError(f"config key 'loss': expected sigmoid|ipo|hinge, got {cfg.loss!r}")
-        if cfg.beta <= 0 or not 0 <= cfg.label_smoothing < 0.5:
-            raise ConfigError(f"config keys 'beta' > 0 and 0 <= 'label_smoothing' < 0.5, got {cfg.beta}, "
-                              f"{cfg.label_smoothing}")
+COMMANDS = {GRPOConfig: "nanorl train", PPOConfig: "nanorl ppo", DPOConfig: "nanorl dpo", SFTConfig: "nanorl sft",
+            RMConfig: "nanorl rm", EvalConfig: "nanorl eval"}
 
 
 # Each preset is a set of knob values; the loop never branches on the algorithm's name.
@@ -177,15 +204,17 @@ PRESETS: dict[str, dict] = {
     "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071
     "rloo": {"adv_estimator": "rloo", "scale_adv_by_std": False, "loss_agg": "sequence"},  # arXiv 2402.14740
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
-    # PPO-RLHF (Ouyang et al. 2022): per-token k1 KL in the reward, GAE over a learned critic (nanorl/ppo.py)
-    "ppo": {"kl_coef": 0.02, "kl_estimator": "k1", "kl_placement": "reward", "samples_per_prompt": 4,
-            "prompts_per_step": 16, "minibatch_size": 32},
 }
+# The allowed values of each string key, for every config that has the key.
 CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
            "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
-           "lr_schedule": ("constant", "cosine", "linear"),
-           "algo": tuple(PRESETS)}
+           "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"),
+           "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge")}
+# Keys that must be >= 1 and keys that must be > 0, for every config that has them.
+AT_LEAST_ONE = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size",
+                "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k")
+POSITIVE = ("temperature", "lr", "critic_lr", "beta")
 
 
 def _convert(key: str, typ, value):
@@ -218,13 +247,16 @@ def from_dict(cls, values: dict):
     clean = {}
     if "algo" in names:
         algo = str(values.get("algo", "grpo"))
+        if algo == "ppo":
+            raise ConfigError("config key 'algo': PPO is its own command with its own config: `nanorl ppo` "
+                              "(nanorl.ppo.train(PPOConfig(...)) from Python)")
         if algo not in PRESETS:
             raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
         values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in names:
-            raise ConfigError(f"unknown config key '{key}' (see `nanorl train --help`)")
+            raise ConfigError(f"unknown config key '{key}' (see `{COMMANDS.get(cls, 'nanorl train')} --help`)")
         clean[name] = _convert(name, hints[name], value)
     cfg = cls(**clean)
     validate(cfg)
@@ -232,37 +264,42 @@ def from_dict(cls, values: dict):
 
 
 def validate(cfg) -> None:
-    """Cheap sanity checks, run before any model is loaded."""
-    if isinstance(cfg, OfflineConfig):
-        return validate_offline(cfg)
-    positive = ["steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size"]
-    for name in positive:
+    """Cheap sanity checks of any config, run before any model is loaded."""
+    has = {f.name for f in dataclasses.fields(cfg)}
+    for name in has & set(AT_LEAST_ONE):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
-    for name in ["temperature", "lr", "critic_lr", "eval_size", "eval_every", "eval_k"]:
+    for name in has & set(POSITIVE):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"config key '{name}': must be > 0, got {getattr(cfg, name)}")
-    if not 0 < cfg.top_p <= 1:
-        raise ConfigError(f"config key 'top_p': must be in (0, 1], got {cfg.top_p}")
-    changed = [k for k, v in PRESETS.get(cfg.algo, {}).items() if v != getattr(GRPOConfig, k)]
-    if changed and all(getattr(cfg, k) == getattr(GRPOConfig, k) for k in changed):
-        raise ConfigError(f"config key 'algo': {cfg.algo!r} is a preset; build it with "
-                          f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)")
-    for name, allowed in CHOICES.items():
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"config key '{name}': expected {'|'.join(allowed)}, got {getattr(cfg, name)!r}")
-    if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
-        raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
-                          f"got {cfg.overlong_buffer}")
-    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.gae_lambda <= 1):
+    for name in has & set(CHOICES):
+        if getattr(cfg, name) not in CHOICES[name]:
+            raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {getattr(cfg, name)!r}")
+    if isinstance(cfg, OfflineConfig):
+        if not 0 < cfg.eval_fraction < 1:
+            raise ConfigError(f"config key 'eval_fraction': must be in (0, 1), got {cfg.eval_fraction}")
+        if isinstance(cfg, DPOConfig) and not 0 <= cfg.label_smoothing < 0.5:
+            raise ConfigError(f"config key 'label_smoothing': must be in [0, 0.5), got {cfg.label_smoothing}")
+    if isinstance(cfg, OnlineConfig):
+        if not 0 < cfg.top_p <= 1:
+            raise ConfigError(f"config key 'top_p': must be in (0, 1], got {cfg.top_p}")
+        if cfg.rule_weight == 0 and not cfg.reward_model:
+            raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' too")
+        batch = cfg.prompts_per_step * cfg.samples_per_prompt
+        if cfg.minibatch_size and batch % cfg.minibatch_size:
+            raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
+    if isinstance(cfg, GRPOConfig):
+        changed = [k for k, v in PRESETS.get(cfg.algo, {}).items() if v != getattr(GRPOConfig, k)]
+        if changed and all(getattr(cfg, k) == getattr(GRPOConfig, k) for k in changed):
+            raise ConfigError(f"config key 'algo': {cfg.algo!r} is a preset; build it with "
+                              f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)")
+        if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
+            raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
+                              f"got {cfg.overlong_buffer}")
+        if cfg.dynamic_sampling < 0:
+            raise ConfigError(f"config key 'dynamic_sampling': must be >= 0 extra rounds, got {cfg.dynamic_sampling}")
+    if isinstance(cfg, PPOConfig) and not (0 <= cfg.gamma <= 1 and 0 <= cfg.gae_lambda <= 1):
         raise ConfigError(f"config keys 'gamma' and 'gae_lambda': must be in [0, 1], got {cfg.gamma}, {cfg.gae_lambda}")
-    if cfg.rule_weight == 0 and not cfg.reward_model:
-        raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' too")
-    if cfg.dynamic_sampling < 0:
-        raise ConfigError(f"config key 'dynamic_sampling': must be >= 0 extra rounds, got {cfg.dynamic_sampling}")
-    batch = cfg.prompts_per_step * cfg.samples_per_prompt
-    if cfg.minibatch_size and batch % cfg.minibatch_size:
-        raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
 
 
 def preset(algo: str, **overrides) -> GRPOConfig:
@@ -274,8 +311,9 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def parse_args(cls, argv: list[str], prog: str = "nanorl train"):
+def parse_args(cls, argv: list[str], prog: str | None = None):
     """`--config file.yaml` then `--key value` overrides -> cls instance."""
+    prog = prog or COMMANDS.get(cls, "nanorl")
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").split("\n")[0] or None,
                                      allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of config values (command-line flags override it)")

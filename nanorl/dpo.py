@@ -18,8 +18,8 @@ from nanorl.config import DPOConfig
 from nanorl.data import collate
 from nanorl.evaluate import evaluate
 from nanorl.losses import dpo_loss
-from nanorl.models import sequence_logprobs
-from nanorl.offline import encode_rows, fit, setup
+from nanorl.logprobs import AUTO, sequence_logprobs
+from nanorl.offline import encode_rows, fit, sampler_for, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import load_preferences, split
 
@@ -31,11 +31,11 @@ def pair_batch(rows, pad_id, device):
 
 
 @torch.no_grad()
-def pair_logprobs(model, rows, pad_id, device, micro: int) -> torch.Tensor:
+def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torch.Tensor:
     """(n, 2): summed log-probs of the chosen and the rejected reply of each row."""
     out = []
     for s in range(0, len(rows), micro):
-        logp, _ = sequence_logprobs(model, pair_batch(rows[s:s + micro], pad_id, device))  # (2b,)
+        logp, _ = sequence_logprobs(model, pair_batch(rows[s:s + micro], pad_id, device), backend=backend)  # (2b,)
         out.append(logp.view(2, -1).T.cpu())
     return torch.cat(out)
 
@@ -44,26 +44,26 @@ def train(cfg: DPOConfig) -> dict:
     # ------------------------------------------------------------------ setup
     train_pairs, eval_pairs = split(load_preferences(cfg.data), cfg.eval_fraction, cfg.seed)
     task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
-    policy, tok, device, log = setup(cfg, "dpo")
+    policy, tok, device, backend, logger = setup(cfg, "dpo")
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
     # the reference log-probs: the starting model's, computed once and cached with each row
     for rows in (train_rows, eval_rows):
-        for r, ref in zip(rows, pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size)):
+        for r, ref in zip(rows, pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size, backend)):
             r["ref"] = ref  # (2,) chosen, rejected
     print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out pairs from {cfg.data}; "
           f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
 
     def micro_loss(rows):
         b = len(rows)
-        logp, _ = sequence_logprobs(policy, pair_batch(rows, pad, device))  # (2b,)
+        logp, _ = sequence_logprobs(policy, pair_batch(rows, pad, device), backend=backend)  # (2b,)
         ref = torch.stack([r["ref"] for r in rows]).to(device)  # (b, 2)
         loss, st = dpo_loss(logp[:b], logp[b:], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
         return loss.sum(), {k: v.sum().item() for k, v in st.items()}
 
     def run_eval(step: int) -> dict:
-        logp = pair_logprobs(policy, eval_rows, pad, device, cfg.micro_batch_size)  # (n, 2)
+        logp = pair_logprobs(policy, eval_rows, pad, device, cfg.micro_batch_size, backend)  # (n, 2)
         ref = torch.stack([r["ref"] for r in eval_rows])
         loss, st = dpo_loss(logp[:, 0], logp[:, 1], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
         metrics = {"eval/loss": loss.mean().item(), "eval/reward_acc": st["acc"].mean().item(),
@@ -73,11 +73,12 @@ def train(cfg: DPOConfig) -> dict:
                    # the model's own preference, meaningful before training too (implicit rewards start at 0)
                    "eval/logp_pref_acc": (logp[:, 0] > logp[:, 1]).float().mean().item()}
         if task is not None:
-            acc, _ = evaluate(policy, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
+            acc, _ = evaluate(sampler_for(policy, tok, backend), tok, task, cfg.max_new_tokens,
+                              system_prompt=cfg.system_prompt)
             metrics.update({"eval/task_greedy_acc": acc["eval/greedy_acc"]})
-        log.write("eval", {"step": step, **metrics})
+        logger.log_eval(metrics, step)
         print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, log, "dpo")
+    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, logger, "dpo")

@@ -8,18 +8,16 @@ from __future__ import annotations
 import torch
 
 from nanorl.data import render_prompt
-from nanorl.models import stop_token_ids
-from nanorl.sampling import SamplingParams, generate
+from nanorl.sampling import SamplingParams
 
 
-def evaluate(model, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
+def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
              system_prompt: str = "", batch_prompts: int = 64, seed: int = 1234):
-    """-> (metrics, samples). Greedy accuracy = fraction of held-out prompts whose greedy completion
-    gets reward >= 1. With k > 1 also pass@k: fraction of prompts with at least one of k sampled
-    completions correct (Chen et al. 2021, the unbiased estimator with n = k samples)."""
-    was_training = model.training
-    model.eval()
-    stops, pad = stop_token_ids(model, tok), tok.pad_token_id
+    """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)).
+    Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= 1. With k > 1
+    also pass@k: fraction of prompts with at least one of k sampled completions correct (Chen et al. 2021,
+    the unbiased estimator with n = k samples). The seed is the evaluation's own: every run and every
+    model are scored on the same draws."""
     metrics, samples = {}, []
     settings = [("greedy", 1, SamplingParams(max_new_tokens, temperature=0.0))]
     if k > 1:
@@ -29,7 +27,7 @@ def evaluate(model, tok, task, max_new_tokens: int = 32, k: int = 1, temperature
         for start in range(0, len(task.eval), batch_prompts):
             chunk = task.eval[start:start + batch_prompts]
             ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
-            out = generate(model, ids, n, params, stops, seed=seed + start, pad_id=pad)
+            out = sampler.generate(ids, n, params, seed + start)
             texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
             scores = task.score([chunk[i // n] for i in range(len(texts))], texts)
             for i, (comp, text, r) in enumerate(zip(out.completion_ids, texts, scores)):
@@ -47,5 +45,4 @@ def evaluate(model, tok, task, max_new_tokens: int = 32, k: int = 1, temperature
         else:
             metrics[f"eval/pass@{k}"] = (per_prompt.max(dim=1).values).mean().item()
             metrics["eval/sampled_acc"] = per_prompt.mean().item()
-    model.train(was_training)
     return metrics, samples

@@ -17,29 +17,38 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanorl import checkpoint
+from nanorl import checkpoint, distributed
+from nanorl.backends import select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import encode_reply
 from nanorl.learner import make_optimizer, optimizer_step
-from nanorl.log import RunLog
-from nanorl.backends.cpu import reuse_freed_memory
-from nanorl.models import load_model, resolve_device, resolve_precision
+from nanorl.logger import make_logger
+from nanorl.models import load_model, resolve_device, stop_token_ids
+from nanorl.sampling import LocalSampler
+from nanorl.seeds import derive_seed
 
 
 def setup(cfg: OfflineConfig, name: str, load=load_model):
-    """Validate, seed, load the model on its device, open the run folder. -> model, tok, device, log."""
+    """Validate, seed, load the model on its device, open the run folder. -> model, tok, device, backend, logger."""
     validate(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
-    reuse_freed_memory(device)
-    model, tok = load(cfg.model, device, *resolve_precision(cfg.dtype, device))
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
+    backend.prepare(device)
+    model, tok = load(cfg.model, device, dtype)
     model.eval()  # no dropout: the reference pass and the update see the same function
     out = Path(cfg.out_dir)
-    log = RunLog(out)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    logger = make_logger(out)
+    if distributed.is_main():
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
-    return model, tok, device, log
+    return model, tok, device, backend, logger
+
+
+def sampler_for(model, tok, backend) -> LocalSampler:
+    """The sampler the task evaluation of DPO and SFT generates with."""
+    return LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
 
 
 def encode_rows(tok, pairs, cfg: OfflineConfig, fields=("chosen", "rejected")) -> list[dict]:
@@ -55,7 +64,7 @@ def encode_rows(tok, pairs, cfg: OfflineConfig, fields=("chosen", "rejected")) -
     return rows
 
 
-def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: RunLog, name: str,
+def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger, name: str,
         normaliser=len) -> dict:
     """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens."""
     t_start = time.perf_counter()
@@ -66,7 +75,8 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: R
     bar = tqdm(total=total, desc=name, dynamic_ncols=True, disable=None)
     step = 0
     for epoch in range(cfg.epochs):
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(cfg.seed * 31 + epoch)).tolist()
+        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, epoch, "offline"))
+        order = torch.randperm(len(rows), generator=shuffle).tolist()
         for start in range(0, len(rows), cfg.batch_size):
             # ---------------------------------------------------------- forward / backward
             t0 = time.perf_counter()
@@ -82,13 +92,13 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: R
             grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)
             step += 1
             # ---------------------------------------------------------- log / eval
-            metrics = {"step": step, "epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
+            metrics = {"epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
                        "optim/grad_norm": grad_norm, "optim/lr": sched.get_last_lr()[0],
                        "time/step": time.perf_counter() - t0, "time/elapsed": time.perf_counter() - t_start}
             if step % cfg.eval_every == 0 or step == total:
                 last = run_eval(step)
                 metrics.update(last)
-            log.write("metrics", metrics)
+            logger.log(metrics, step)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
     bar.close()
@@ -96,8 +106,9 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, log: R
     checkpoint.save(out / "model", model, tok)
     wall = time.perf_counter() - t_start
     result = {"steps": total, "wall_s": wall, "before": first, "after": last}
-    (out / "results.json").write_text(json.dumps(result, indent=2))
-    log.close()
+    if distributed.is_main():
+        (out / "results.json").write_text(json.dumps(result, indent=2))
+    logger.close()
     shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
     print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
           ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")

@@ -17,13 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.config import RMConfig
-from nanorl.models import ALIASES, fast_forward, load_model
+from nanorl.backends import Backend
+from nanorl.integrations.hub import ALIASES
+from nanorl.logprobs import AUTO
+from nanorl.models import load_model
 from nanorl.offline import encode_rows, fit, setup
 from nanorl.sampling import left_pad
 from nanorl.tasks.preferences import load_preferences, split
 
 
-def load_reward_model(name: str, device, dtype, autocast=None):
+def load_reward_model(name: str, device, dtype=torch.float32):
     """A sequence-classification model (ours, or a decoder-style one from the hub with a `score` head:
     Llama, Qwen2, Mistral, Gemma, ...), or a fresh scalar head on the backbone of a causal LM
     (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
@@ -43,7 +46,6 @@ def load_reward_model(name: str, device, dtype, autocast=None):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
         tok = AutoTokenizer.from_pretrained(name)
         tok.pad_token = tok.pad_token or tok.eos_token
-        model.autocast_dtype = autocast
         if not hasattr(model, "score"):
             raise ValueError(f"reward model {name}: expected a decoder-style classifier with a `score` head "
                              f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}")
@@ -56,30 +58,29 @@ def load_reward_model(name: str, device, dtype, autocast=None):
     # The head starts at 0: a fresh critic predicts V = 0, so PPO's first advantages come from the rewards,
     # not from a random head's noise (with a random head a real-model PPO run collapsed; notes/LOG.md).
     torch.nn.init.zeros_(model.score.weight)
-    model.autocast_dtype = autocast
     del lm  # the language-model head is not needed: no second copy stays in memory
     return model.to(device), tok
 
 
-def _hidden(model, prompts, replies, pad_id, device):
+def _hidden(model, prompts, replies, pad_id, device, backend: Backend = AUTO):
     """Last hidden states of left-padded [prompt | reply] rows: (b, L, H) in fp32 (the scalar head runs in
     fp32 also under mixed precision), and reply lengths."""
     ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with fast_forward(model):
+    with backend.forward(model):
         h = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
     return h.float(), [len(r) for r in replies]
 
 
-def rm_scores(model, prompts, replies, pad_id, device) -> torch.Tensor:
+def rm_scores(model, prompts, replies, pad_id, device, backend: Backend = AUTO) -> torch.Tensor:
     """Reward of each (prompt, reply): the head at the last token (b,)."""
-    h, _ = _hidden(model, prompts, replies, pad_id, device)
+    h, _ = _hidden(model, prompts, replies, pad_id, device, backend)
     return model.score(h[:, -1]).squeeze(-1).float()
 
 
-def token_values(model, prompts, replies, pad_id, device) -> torch.Tensor:
+def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUTO) -> torch.Tensor:
     """Value of the state before each reply token, V(prompt + reply[:t]) (b, C), 0 on padding."""
-    h, lengths = _hidden(model, prompts, replies, pad_id, device)
+    h, lengths = _hidden(model, prompts, replies, pad_id, device, backend)
     v = model.score(h).squeeze(-1).float()  # (b, L)
     L, C = v.shape[1], max(max(lengths), 1)
     out = torch.zeros(len(lengths), C, device=v.device, dtype=v.dtype)
@@ -91,14 +92,14 @@ def token_values(model, prompts, replies, pad_id, device) -> torch.Tensor:
 def train(cfg: RMConfig) -> dict:
     # ------------------------------------------------------------------ setup
     train_pairs, eval_pairs = split(load_preferences(cfg.data), cfg.eval_fraction, cfg.seed)
-    model, tok, device, log = setup(cfg, "rm", load=load_reward_model)
+    model, tok, device, backend, logger = setup(cfg, "rm", load=load_reward_model)
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
 
     def scores(rows):  # (b,), (b,) rewards of chosen and rejected
         r = rm_scores(model, [x["prompt"] for x in rows] * 2, [x["chosen"] for x in rows] +
-                      [x["rejected"] for x in rows], pad, device)
+                      [x["rejected"] for x in rows], pad, device, backend)
         return r[:len(rows)], r[len(rows):]
 
     def micro_loss(rows):
@@ -112,9 +113,9 @@ def train(cfg: RMConfig) -> dict:
         margin = torch.cat([w - l for w, l in parts])
         metrics = {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
                    "eval/margin": margin.mean().item()}
-        log.write("eval", {"step": step, **metrics})
+        logger.log_eval(metrics, step)
         print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, log, "rm")
+    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "rm")

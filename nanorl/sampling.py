@@ -1,12 +1,12 @@
 """The sampler: batched decoding with a KV cache, one prefill per prompt shared by its whole group.
 
-    rollouts = generate(model, [prompt_ids, ...], n=8, params=SamplingParams(max_new_tokens=32),
-                        stop_ids=[2], seed=123)
+    sampler = LocalSampler(model, stop_ids=[2], pad_id=0)           # what the loops call (the Sampler interface)
+    rollouts = sampler.generate([prompt_ids, ...], n=8, params=SamplingParams(max_new_tokens=32), seed=123)
 
 Why not `model.generate`? Four reasons. (1) A group of n samples of one prompt shares its prompt, so
 we prefill each prompt once and its KV cache serves all n samples. (2) Finished rows are dropped from
 the batch, so late steps cost only what is still running. (3) On CPU, Llama-family models decode with
-backends/decode.py's step (C++ kernels for attention and the small ops), 1.3-1.4x the tokens/s of their
+backends/decode.py's step (the backend decides, backends/__init__.py) (C++ kernels for attention and the small ops), 1.3-1.4x the tokens/s of their
 transformers forward (benchmarks/decode.py); other models run their own (`ModelStep`). (4) Only the
 settings given here shape the distribution: generation-config defaults shipped with a model (top-k,
 repetition penalty, ...) are never applied behind the caller's back.
@@ -17,14 +17,15 @@ top-k / top-p truncation, so it is exactly what `token_logprobs` computes for th
 
 from __future__ import annotations
 
-
+import functools
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from nanorl.backends.decode import cpu_decoder
-from nanorl.models import cache_kwarg, fast_forward, select_cache_rows
+from nanorl.backends import Backend
+from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
 
 
 @dataclass
@@ -114,13 +115,40 @@ def _last_positive(cum: torch.Tensor) -> torch.Tensor:
     return (cum < cum[:, -1:]).sum(-1, keepdim=True)
 
 
+class Sampler(Protocol):
+    """What the loops call for rollouts and evaluation. Another engine (an inference server, vLLM) plugs in by
+    implementing these two methods; the loops do not change."""
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> Rollouts:
+        """n completions of each prompt (token ids), with the policy's log-prob of every sampled token."""
+        ...
+
+    def sync_weights(self, model) -> None:
+        """Called after each update with the trained model: an engine holding its own copy loads it here."""
+        ...
+
+
+class LocalSampler:
+    """Samples from the training model itself, in this process (so `sync_weights` has nothing to copy)."""
+
+    def __init__(self, model, stop_ids: list[int], pad_id: int, backend: Backend = AUTO):
+        self.model, self.stop_ids, self.pad_id, self.backend = model, stop_ids, pad_id, backend
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> Rollouts:
+        return generate(self.model, prompts, n, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
+
+    def sync_weights(self, model) -> None:
+        assert model is self.model, "LocalSampler samples from the model it was built with"
+
+
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
-             seed: int, pad_id: int = 0, lean: bool = True) -> Rollouts:
+             seed: int, pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
     """Sample n completions for each prompt; deterministic for a given seed, model and device. `lean=False`
     decodes with the model's own forward even where backends/decode.py's faster step applies."""
-    with fast_forward(model, pack_weights=True) as packed:
-        return _generate(model, prompts, n, params, stop_ids, seed, pad_id, packed if lean else {})
+    with backend.forward(model, pack_weights=True) as packed:
+        decoder = functools.partial(backend.decoder, model, packed) if lean else None
+        return _generate(model, prompts, n, params, stop_ids, seed, pad_id, decoder)
 
 
 class ModelStep:
@@ -144,7 +172,7 @@ class ModelStep:
         return out.logits[:, -1]  # (A, V)
 
 
-def _generate(model, prompts, n, params, stop_ids, seed, pad_id, packed) -> Rollouts:
+def _generate(model, prompts, n, params, stop_ids, seed, pad_id, decoder) -> Rollouts:
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -159,7 +187,7 @@ def _generate(model, prompts, n, params, stop_ids, seed, pad_id, packed) -> Roll
                 **{cache_kwarg(model): cache})
     logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
     next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (N,)
-    step = cpu_decoder(model, packed, cache, mask, n, params.max_new_tokens) or ModelStep(model, cache, mask, n)
+    step = (decoder and decoder(cache, mask, n, params.max_new_tokens)) or ModelStep(model, cache, mask, n)
 
     N = len(prompts) * n
     alive = torch.arange(N, device=device)  # rows of the full batch still generating

@@ -17,16 +17,16 @@ import torch
 from nanorl.config import SFTConfig
 from nanorl.data import collate
 from nanorl.evaluate import evaluate
-from nanorl.models import sequence_logprobs
-from nanorl.offline import encode_rows, fit, setup
+from nanorl.logprobs import AUTO, sequence_logprobs
+from nanorl.offline import encode_rows, fit, sampler_for, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import load_replies, split
 
 
-def reply_nll(model, rows, pad_id, device):
+def reply_nll(model, rows, pad_id, device, backend=AUTO):
     """Summed negative log-likelihood of the reply tokens of `rows`, and their token count."""
     logp, n = sequence_logprobs(model, collate([r["prompt"] for r in rows], [r["chosen"] for r in rows], pad_id,
-                                               device))  # (b,), (b,)
+                                               device), backend=backend)  # (b,), (b,)
     return -logp.sum(), int(n.sum())
 
 
@@ -34,7 +34,7 @@ def train(cfg: SFTConfig) -> dict:
     # ------------------------------------------------------------------ setup
     train_data, eval_data = split(load_replies(cfg.data), cfg.eval_fraction, cfg.seed)
     task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
-    model, tok, device, log = setup(cfg, "sft")
+    model, tok, device, backend, logger = setup(cfg, "sft")
     pad = tok.pad_token_id
 
     train_rows = encode_rows(tok, train_data, cfg, fields=("chosen",))  # the reply is stored as "chosen"
@@ -43,23 +43,24 @@ def train(cfg: SFTConfig) -> dict:
           f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
 
     def micro_loss(rows):
-        nll, n = reply_nll(model, rows, pad, device)
+        nll, n = reply_nll(model, rows, pad, device, backend)
         return nll, {"tokens": n}
 
     @torch.no_grad()
     def run_eval(step: int) -> dict:
         nll, n = 0.0, 0
         for s in range(0, len(eval_rows), cfg.micro_batch_size):
-            part_nll, part_n = reply_nll(model, eval_rows[s:s + cfg.micro_batch_size], pad, device)
+            part_nll, part_n = reply_nll(model, eval_rows[s:s + cfg.micro_batch_size], pad, device, backend)
             nll, n = nll + part_nll.item(), n + part_n
         metrics = {"eval/nll_per_token": nll / n}
         if task is not None:
-            acc, _ = evaluate(model, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
+            acc, _ = evaluate(sampler_for(model, tok, backend), tok, task, cfg.max_new_tokens,
+                              system_prompt=cfg.system_prompt)
             metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
-        log.write("eval", {"step": step, **metrics})
+        logger.log_eval(metrics, step)
         print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, log, "sft",
+    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "sft",
                normaliser=lambda batch: sum(len(r["chosen"]) for r in batch))

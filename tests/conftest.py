@@ -10,3 +10,11 @@ from nanorl.models import tiny_model_and_tokenizer
 def tiny():
     torch.manual_seed(0)
     return tiny_model_and_tokenizer(seed=0)
+
+
+@pytest.fixture(params=["auto", "torch"])
+def each_backend(request, monkeypatch):
+    """Run a test with nanorl's CPU speed-ups (auto) and without them (torch): NANORL_BACKEND, which
+    subprocesses inherit too. Loop test modules use it for every test (`pytestmark`)."""
+    monkeypatch.setenv("NANORL_BACKEND", request.param)
+    return request.param

@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.data import collate, render_prompt
-from nanorl.models import token_logprobs
+from nanorl.logprobs import token_logprobs
 
 
 def test_masks_cover_completion_only_and_train_on_eos_equal_to_pad(tiny):

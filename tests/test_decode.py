@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.backends import decode
-from nanorl.models import cache_kwarg, fast_forward, stop_token_ids, tiny_model_and_tokenizer
+from nanorl.backends import Backend
+from nanorl.logprobs import cache_kwarg
+from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
 from nanorl.sampling import ModelStep, generate, left_pad, SamplingParams
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
@@ -103,7 +105,7 @@ def test_decoder_logits_match_the_models_own_forward(ops, arch):
     g = torch.Generator().manual_seed(0)
     V, n, steps = model.config.vocab_size, 3, 6
     prompts = [torch.randint(3, V, (k,), generator=g).tolist() for k in (5, 9, 2)]  # left padding of 4 and 7
-    with torch.no_grad(), fast_forward(model, pack_weights=True) as packed:
+    with torch.no_grad(), Backend().forward(model, pack_weights=True) as packed:
         ids, mask = left_pad(prompts, 0, "cpu")
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         runs = []
@@ -129,7 +131,7 @@ def test_decoder_logits_match_the_models_own_forward(ops, arch):
 
 def test_rollouts_of_both_steps_have_the_models_logprobs(ops, tiny):
     from nanorl.data import collate
-    from nanorl.models import token_logprobs
+    from nanorl.logprobs import token_logprobs
 
     model, tok = tiny
     prompts = [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"]]
@@ -148,7 +150,7 @@ def test_other_models_and_settings_fall_back_to_the_models_forward(tiny):
     dynamic = type(model)(model.config)  # cos/sin would depend on the sequence length
     assert not decode.supported(dynamic)
     assert not decode.supported(tiny_model_and_tokenizer()[0].to(torch.bfloat16))
-    with fast_forward(model) as packed:  # not packed for sampling: nothing to decode with
+    with Backend().forward(model) as packed:  # not packed for sampling: nothing to decode with
         assert packed == {} and decode.cpu_decoder(model, packed, None, None, 2, 4) is None
     out = generate(dynamic, [tok("hi")["input_ids"]], 2, SamplingParams(max_new_tokens=3), [], seed=0,
                    pad_id=tok.pad_token_id)

@@ -8,6 +8,8 @@ from nanorl.config import ConfigError, DPOConfig, parse_args
 from nanorl.losses import dpo_loss
 from nanorl.tasks.preferences import load_preferences, split
 
+pytestmark = pytest.mark.usefixtures("each_backend")  # every loop test with backends on and off
+
 
 def test_dpo_loss_is_log2_at_the_reference_and_its_gradient_prefers_chosen():
     w = torch.tensor([-5.0, -2.0], requires_grad=True)
@@ -82,7 +84,8 @@ def test_dpo_raises_preference_accuracy_on_a_tiny_model(tmp_path):
 
 def test_dpo_gradient_is_independent_of_micro_batch_size(tmp_path):
     from nanorl.dpo import pair_batch
-    from nanorl.models import sequence_logprobs, tiny_model_and_tokenizer
+    from nanorl.logprobs import sequence_logprobs
+    from nanorl.models import tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer(seed=3)
     rows = [{"prompt": tok(f"q{i}")["input_ids"], "chosen": tok("a" * (i + 1))["input_ids"],

@@ -4,13 +4,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from nanorl import Example, GRPOConfig, Task, train
-from nanorl.grpo import backward_minibatch, micro_batches
 from nanorl.advantages import group_advantages
 from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
 from nanorl.sampling import Rollouts, SamplingParams, generate
+from nanorl.update import micro_batches, policy_backward
+
+pytestmark = pytest.mark.usefixtures("each_backend")  # every loop test with backends on and off
 
 
 def letter_a(prompt, completion, **_):
@@ -38,7 +41,7 @@ def test_gradient_is_independent_of_micro_batch_size():
     for micro in (12, 5, 1):
         cfg = GRPOConfig(micro_batch_size=micro)
         model.zero_grad()
-        stats = backward_minibatch(model, None, roll, adv, list(range(12)), cfg, True, tok.pad_token_id, "cpu")
+        stats = policy_backward(model, roll, adv, list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu")
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert stats["ratio_min"] == 1.0 and stats["ratio_max"] == 1.0 and stats["clipped"] == 0.0
     assert grads[0].abs().max() > 0
@@ -137,7 +140,7 @@ def test_plot_writes_png(tmp_path):
     import pytest
 
     pytest.importorskip("matplotlib")
-    from nanorl.plot import plot_run
+    from nanorl.integrations.plot import plot_run
 
     train(GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=2, prompts_per_step=2, samples_per_prompt=2,
                      max_new_tokens=4, eval_every=1, save_every=0), toy_task())

@@ -101,7 +101,7 @@ def test_missing_model_paths_are_clear_errors(tmp_path):
 
 
 def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient():
-    from nanorl.models import selected_logprobs
+    from nanorl.logprobs import selected_logprobs
 
     torch.manual_seed(0)
     n, V, T = 200, 50_000, 0.7  # 200 rows span three chunks of 83
@@ -219,7 +219,8 @@ def test_update_gradient_is_bitwise_repeatable_with_interleaved_shared_prompts()
     shared prompt's logits and KV cache are copied per row; with advanced indexing the backward added the
     copies' gradients with racing threads on CPU and the same update differed run to run."""
     from nanorl.data import collate
-    from nanorl.models import tiny_model_and_tokenizer, token_logprobs
+    from nanorl.logprobs import token_logprobs
+    from nanorl.models import tiny_model_and_tokenizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the race needs two threads

@@ -7,7 +7,9 @@ import torch
 
 from nanorl import Example, GRPOConfig, Task, train
 from nanorl.data import collate
-from nanorl.models import fast_forward, load_model, resolve_precision, stop_token_ids, token_logprobs
+from nanorl.backends import Backend, resolve_precision
+from nanorl.logprobs import token_logprobs
+from nanorl.models import load_model, stop_token_ids
 from nanorl.sampling import SamplingParams, generate
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -23,7 +25,7 @@ def test_resolve_precision():
 
 def test_pure_bf16_weights_lose_small_adamw_updates_and_fp32_weights_keep_them():
     """The reason 'auto' is bf16-mixed on GPUs: at lr 2e-5 a bf16 weight near 0.05 (spacing 2.4e-4) moves by
-    less than half its spacing, so most AdamW updates round away (the number quoted in models.py)."""
+    less than half its spacing, so most AdamW updates round away (the number quoted in backends/__init__.py)."""
     unchanged = {}
     for dtype in (torch.bfloat16, torch.float32):
         torch.manual_seed(0)
@@ -39,19 +41,20 @@ def test_pure_bf16_weights_lose_small_adamw_updates_and_fp32_weights_keep_them()
 
 
 def _mixed_rollout(device):
-    model, tok = load_model("tiny", device, torch.float32, autocast=torch.bfloat16)
+    model, tok = load_model("tiny", device, torch.float32)
+    mixed = Backend(autocast=torch.bfloat16)
     prompts = [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"]]
     roll = generate(model, prompts, 3, SamplingParams(max_new_tokens=6), stop_token_ids(model, tok), seed=0,
-                    pad_id=tok.pad_token_id)
-    return model, tok, roll
+                    pad_id=tok.pad_token_id, backend=mixed)
+    return model, tok, roll, mixed
 
 
 def _check_mixed(device):
-    model, tok, roll = _mixed_rollout(device)
+    model, tok, roll, mixed = _mixed_rollout(device)
     seen = []
     model.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
     batch = collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, device)
-    logp, _ = token_logprobs(model, batch)  # (b, C)
+    logp, _ = token_logprobs(model, batch, backend=mixed)  # (b, C)
     assert seen and set(seen) == {torch.bfloat16}  # the matmuls ran in bf16 ...
     assert all(p.dtype == torch.float32 for p in model.parameters())  # ... on fp32 weights
     assert logp.dtype == torch.float32  # log-softmax in fp32
@@ -61,10 +64,10 @@ def _check_mixed(device):
     (logp * batch.loss_mask).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
-    # outside fast_forward the model is the plain fp32 model
+    # outside the backend's forward the model is the plain fp32 model
     with torch.no_grad():
         assert model(input_ids=batch.completion_ids).logits.dtype == torch.float32
-    with torch.no_grad(), fast_forward(model):
+    with torch.no_grad(), mixed.forward(model):
         assert model(input_ids=batch.completion_ids).logits.dtype == torch.bfloat16
 
 
@@ -105,9 +108,7 @@ def test_grpo_on_gpu_defaults_to_bf16_mixed(tmp_path, capsys):
 def test_cuda_request_without_a_gpu_fails_clearly():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from nanorl.rl import Run
-
     cfg = GRPOConfig(model="tiny", device="cuda")
     task = Task("t", train=[Example("q")], eval=[Example("e")], reward=_letter_a)
     with pytest.raises(RuntimeError, match="CUDA is not available"):
-        Run(cfg, task, "grpo")
+        train(cfg, task)

@@ -1,7 +1,8 @@
 import torch
 
 from nanorl.data import collate
-from nanorl.models import stop_token_ids, token_logprobs
+from nanorl.logprobs import token_logprobs
+from nanorl.models import stop_token_ids
 from nanorl.sampling import SamplingParams, generate, inverse_cdf, sample_token
 
 

@@ -1,10 +1,13 @@
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from nanorl.config import RMConfig, SFTConfig
 from nanorl.models import tiny_model_and_tokenizer
+
+pytestmark = pytest.mark.usefixtures("each_backend")  # every loop test with backends on and off
 
 
 def _rows(tmp_path, rows, name="rows.jsonl"):

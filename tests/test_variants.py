@@ -9,9 +9,12 @@ from test_grpo import toy_task
 from nanorl import Example, Task, train
 from nanorl.advantages import ESTIMATORS
 from nanorl.config import PRESETS, ConfigError, GRPOConfig, parse_args, preset, validate
-from nanorl.grpo import backward_minibatch, informative_groups
+from nanorl.online import informative_groups
+from nanorl.update import policy_backward
 from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
 from nanorl.sampling import SamplingParams, generate
+
+pytestmark = pytest.mark.usefixtures("each_backend")  # every loop test with backends on and off
 
 SMALL = dict(model="tiny", steps=2, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6, lr=1e-2,
              warmup_steps=0, eval_every=100, save_every=0)
@@ -32,9 +35,9 @@ def _metrics(out_dir):
 def test_every_algorithm_runs_and_changes_parameters(tmp_path, algo):
     from transformers import AutoModelForCausalLM
 
-    cfg = preset(algo, out_dir=str(tmp_path), **SMALL, **({"minibatch_size": 4} if algo == "ppo" else {}))
+    cfg = preset(algo, out_dir=str(tmp_path), **SMALL)
     for key, value in PRESETS[algo].items():
-        assert getattr(cfg, key) == {**SMALL, "minibatch_size": 4}.get(key, value)  # the preset, unless given
+        assert getattr(cfg, key) == SMALL.get(key, value)  # the preset, unless given
     train(cfg, varied_task())
     before = tiny_model_and_tokenizer()[0].state_dict()
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "model").state_dict()
@@ -120,7 +123,8 @@ def test_gradient_independent_of_micro_batch_for_every_mode(loss_agg, ratio_leve
     for micro in (12, 5, 1):
         cfg = GRPOConfig(micro_batch_size=micro, loss_agg=loss_agg, ratio_level=ratio_level)
         model.zero_grad()
-        backward_minibatch(model, None, roll, adv, list(range(12)), cfg, True, tok.pad_token_id, "cpu")
+        policy_backward(model, roll, adv, list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu",
+                        loss_agg=cfg.loss_agg, ratio_level=cfg.ratio_level)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert grads[0].abs().max() > 0
     for g in grads[1:]:

@@ -1,7 +1,7 @@
 """Fast fp32 paths on CPU: oneDNN matmuls, a fused gated MLP, grouped-query attention, weight gradients
 added into .grad in place, malloc reuse.
 
-    with fast_cpu(model): ...   # every forward of the loops (through models.fast_forward); pack_weights=True in the sampler
+    with fast_cpu(model): ...   # every forward of the loops (through Backend.forward); pack_weights=True in the sampler
 
 The model's own math with other kernels, and less kept for backward (tests/test_models.py checks values
 and gradients against the plain modules). On GPU, in bf16, or without oneDNN, a no-op.
@@ -40,9 +40,21 @@ def _dnn(x, w, b=None):
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")  # x @ w.T + b
 
 
-def _grad_node(w: torch.Tensor):
-    """The AccumulateGrad node of a trainable leaf weight (None otherwise), to ask the engine about it later."""
-    if not (w.is_leaf and w.requires_grad and hasattr(torch._C, "_will_engine_execute_node")):
+def _wrapped(model) -> bool:
+    """Whether something outside the model reads its gradients as autograd accumulates them: DDP's reducer,
+    FSDP, peft's adapters. Their hooks sit on the weights' AccumulateGrad nodes, which cannot be listed from
+    Python, so the wrapper is recognised instead; `_add_grad` then leaves every gradient to the engine."""
+    names = {c.__module__.split(".")[0] + "." + c.__name__ for m in model.modules() for c in type(m).__mro__}
+    return bool(names & {"torch.DistributedDataParallel", "torch.FSDPModule", "torch.FullyShardedDataParallel"}
+                or any(n.startswith("peft.") for n in names))
+
+
+def _grad_node(w: torch.Tensor, fuse: bool = True):
+    """The AccumulateGrad node of a trainable leaf weight, to ask the engine about it later; None (the plain
+    path) for anything else, when `fuse` is off, or when hooks wait for the weight's gradient."""
+    if not (fuse and w.is_leaf and w.requires_grad and hasattr(torch._C, "_will_engine_execute_node")):
+        return None
+    if w._backward_hooks or getattr(w, "_post_accumulate_grad_hooks", None):
         return None
     with torch.enable_grad():
         fn = w.view_as(w).grad_fn  # None under torch.inference_mode
@@ -200,7 +212,8 @@ def fast_cpu(model, pack_weights: bool = False):
     runs SDPA's grouped-query kernel instead of copying each key/value head to the query heads it
     serves (`repeat_kv`): autograd kept that copy, 100 MiB a micro-batch here; the kernel is faster.
     (4) In a `loss.backward()`, the linears', gated MLPs' and embeddings' weight gradients are added into
-    .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned.
+    .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned, and
+    weights with gradient hooks, or a model wrapped by DDP, FSDP or peft, get them the engine's way.
     Yields {id(linear): (packed weight, bias, first, last output column)} of the packed linears (else {}),
     for backends/decode.py."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
@@ -208,6 +221,7 @@ def fast_cpu(model, pack_weights: bool = False):
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         linears = []  # a build without oneDNN, or a torch without these ops
     patched, ours, packed = list(linears), {id(m) for m in linears}, {}
+    node = functools.partial(_grad_node, fuse=not _wrapped(model))  # step aside for DDP, FSDP, peft
     if pack_weights:
         _fuse_shared_inputs(model, ours, packed)
     for m in linears:
@@ -219,16 +233,16 @@ def fast_cpu(model, pack_weights: bool = False):
             m.forward = lambda x, w=w, b=b: _dnn(x, w, b)
             packed[id(m)] = (w, b, 0, m.out_features)
         else:
-            m.forward = lambda x, m=m, node=_grad_node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)
+            m.forward = lambda x, m=m, node=node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)
     for m in model.modules() if linears and not pack_weights else []:
         if "forward" not in m.__dict__ and _is_gated_silu_mlp(m) and id(m.down_proj) in ours:
-            m.forward = lambda x, m=m, node=_grad_node(m.down_proj.weight): _GatedMLP.apply(
+            m.forward = lambda x, m=m, node=node(m.down_proj.weight): _GatedMLP.apply(
                 m.gate_proj(x), m.up_proj(x), m.down_proj.weight, m.down_proj.bias, node)
             patched.append(m)
         elif (type(m) is torch.nn.Embedding and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
                 and m.weight.dtype == torch.float32 and m.max_norm is None and not m.scale_grad_by_freq
                 and not m.sparse):
-            m.forward = lambda ids, m=m, node=_grad_node(m.weight): _Embedding.apply(ids, m.weight, m.padding_idx, node)
+            m.forward = lambda ids, m=m, node=node(m.weight): _Embedding.apply(ids, m.weight, m.padding_idx, node)
             patched.append(m)
     gqa = os.environ.get(GQA)
     if linears and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5):  # SDPA's enable_gqa

@@ -46,7 +46,7 @@ def _cpu_flags() -> str:
 @functools.cache
 def kernels() -> bool:
     """Build (once per machine: -march=native) and load cpu_decode.cpp; False, with a warning, if that fails."""
-    from nanorl.models import cache_dir
+    from nanorl.cache import cache_dir
 
     key = hashlib.sha256(b"|".join(s.encode() for s in (SOURCE.read_text(), torch.__version__, _cpu_flags())))
     name = f"nanorl_cpu_{key.hexdigest()[:16]}"
@@ -70,8 +70,7 @@ def supported(model) -> bool:
     if getattr(cfg, "model_type", None) not in ARCHS:
         return False
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if (getattr(model, "autocast_dtype", None) is not None
-            or model.device.type != "cpu" or model.dtype != torch.float32 or inner is None
+    if (model.device.type != "cpu" or model.dtype != torch.float32 or inner is None
             or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
             or getattr(cfg, "pretraining_tp", 1) != 1
             or getattr(getattr(inner, "rotary_emb", None), "rope_type", None) not in STATIC_ROPE

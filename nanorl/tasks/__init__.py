@@ -3,6 +3,7 @@
     task = get_task("arithmetic", digits=2, operators="+", eval_size=200, seed=0)
     task = get_task("countdown") / get_task("code") / get_task("sql")     # built-in verifiable tasks
     task = get_task("rows.csv", reward="math=1,answer_tag=0.2", prompt_field="question")
+    task = task_from_config(cfg)                                          # the task keys of a config
     task = Task("mine", train=[Example("Say hi", {})], eval=[...], reward=my_reward)   # from Python
 
 A prompt is a string (rendered as one user message with the model's chat template) or a list of
@@ -247,3 +248,9 @@ def get_task(name: str, *, reward: str = "", digits: int = 2, operators: str = "
         task.reward = parse_reward_spec(reward)
     task.on_error = on_error
     return task
+
+
+def task_from_config(cfg) -> Task:
+    """The task a config names (config.TaskConfig's fields: the one place they are read)."""
+    return get_task(cfg.task, reward=cfg.reward, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size,
+                    prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, on_error=cfg.reward_errors)

