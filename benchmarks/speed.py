@@ -268,7 +268,7 @@ def nanorl_rollout(cfg, run, examples, r: int, timer: dict):
 
 
 def nanorl_update(cfg, run, roll, adv) -> None:
-    """The update of every row with a non-zero advantage, then the optimizer step, as the loop runs them."""
+    """The backward of every row with a non-zero advantage, as the loop runs it (the caller steps the optimizer)."""
     from nanorl.update import policy_backward
 
     policy_backward(run.policy, roll, adv, list(range(len(adv))), cfg, on_policy=True, pad_id=run.pad_id,

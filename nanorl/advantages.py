@@ -7,8 +7,14 @@ rewards (N,) are ordered group by group: sample i belongs to prompt i // G.
   nearly-solved and nearly-hopeless prompts.
 - RLOO (Ahmadian et al. 2024, arXiv 2402.14740, eq. 4): A_i = r_i - mean_{j != i} r_j, a baseline
   that does not contain the sample itself, so the estimate stays unbiased.
-- REINFORCE++ (arXiv 2501.03262, sec. 3.2): A_i = (r_i - mean(r_batch)) / std(r_batch), one global
-  normalisation over the whole batch instead of per group.
+- REINFORCE++ (arXiv 2501.03262, sec. 3.2): the advantage of every token is the return (here the sequence's
+  reward), whitened over all tokens of the batch: mean and std weigh each sequence by its length.
+- REINFORCE++-baseline (verl `reinforce_plus_plus_baseline`, OpenRLHF `reinforce_baseline`): subtract the
+  group mean, then whiten over the batch's tokens as REINFORCE++ does.
+
+Every estimator takes the same arguments: rewards (N,), the group size, whether to divide by a std, and
+`lengths` (N,) (the token-level estimators weigh by them) and `std_correction` (0: the population std, as
+nanorl has always used; 1: the sample std with Bessel's correction, TRL's and verl's choice).
 """
 
 from __future__ import annotations
@@ -27,16 +33,17 @@ def _stats(r: torch.Tensor, adv: torch.Tensor) -> dict:
     return {"frac_groups_with_variance": has_var.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6):
-    """GRPO / Dr. GRPO. std is the population std of the group (correction 0). A group whose rewards
-    are all equal gets advantage 0 exactly, so its advantages are 0 (never NaN)."""
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
+                     lengths: torch.Tensor | None = None, std_correction: int = 0):
+    """GRPO / Dr. GRPO. A group whose rewards are all equal gets advantage 0 exactly (never NaN)."""
     r = rewards.float().view(-1, group_size)  # (groups, G)
     centered = _centre(r, r.mean(dim=1, keepdim=True))
-    adv = centered / (r.std(dim=1, correction=0, keepdim=True) + eps) if scale_by_std else centered
+    adv = centered / (r.std(dim=1, correction=std_correction, keepdim=True) + eps) if scale_by_std else centered
     return adv.view(-1), _stats(r, adv)
 
 
-def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-6):
+def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-6,
+                    lengths: torch.Tensor | None = None, std_correction: int = 0):
     """RLOO: each sample's baseline is the mean reward of the *other* G - 1 samples of its group."""
     if group_size < 2:
         raise ValueError("config key 'samples_per_prompt': RLOO needs at least 2 samples per prompt")
@@ -44,20 +51,45 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool =
     baseline = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)  # (groups, G) excludes sample i
     adv = _centre(r, baseline)
     if scale_by_std:
-        adv = adv / (r.std(dim=1, correction=0, keepdim=True) + eps)
+        adv = adv / (r.std(dim=1, correction=std_correction, keepdim=True) + eps)
     return adv.view(-1), _stats(r, adv)
 
 
-def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6):
-    """REINFORCE++: subtract the batch mean and divide by the batch std (global normalisation)."""
-    r = rewards.float()
-    adv = _centre(r, r.mean())
+def token_whiten(x: torch.Tensor, lengths: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6,
+                 std_correction: int = 0) -> torch.Tensor:
+    """Whiten per-sequence values x (N,) as if repeated over each sequence's tokens (lengths (N,)): the mean
+    and std of the batch's tokens, so a long sequence weighs by its length. Equal values give exactly 0."""
+    w = lengths.float()  # (N,) tokens of each sequence
+    mean = (w * x).sum() / w.sum()
+    adv = _centre(x, mean)
     if scale_by_std:
-        adv = adv / (r.std(correction=0) + eps)
+        adv = adv / (((w * (x - mean) ** 2).sum() / (w.sum() - std_correction).clamp(min=1)).sqrt() + eps)
+    return adv
+
+
+def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
+                     lengths: torch.Tensor | None = None, std_correction: int = 0):
+    """REINFORCE++: the reward whitened over every token of the batch (arXiv 2501.03262, eq. 10-11).
+    With lengths [10, 1, 1, 1] and rewards [1, 0, 0, 0] the long sequence gets 0.55, not the 1.73 a
+    per-sequence normalisation gives. Without `lengths` every sequence counts as one token."""
+    r = rewards.float()
+    adv = token_whiten(r, torch.ones_like(r) if lengths is None else lengths, scale_by_std, eps, std_correction)
     return adv, _stats(r.view(-1, group_size), adv)
 
 
-ESTIMATORS = {"group": group_advantages, "rloo": rloo_advantages, "batch": batch_advantages}
+def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
+                           lengths: torch.Tensor | None = None, std_correction: int = 0):
+    """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's tokens. Groups with equal
+    rewards get the shift of that whitening, not 0: they are trained, as in verl and OpenRLHF."""
+    r = rewards.float().view(-1, group_size)  # (groups, G)
+    centred = _centre(r, r.mean(dim=1, keepdim=True)).view(-1)  # (N,)
+    adv = token_whiten(centred, torch.ones_like(centred) if lengths is None else lengths, scale_by_std, eps,
+                       std_correction)
+    return adv, _stats(r, adv)
+
+
+ESTIMATORS = {"group": group_advantages, "rloo": rloo_advantages, "batch": batch_advantages,
+              "group_batch": group_batch_advantages}
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):

@@ -57,6 +57,7 @@ class TaskConfig:
 class EvalConfig(ModelConfig, TaskConfig):
     """Held-out greedy accuracy and pass@k of a model on a task (`nanorl eval`)."""
 
+    model: str = _f("", "the model to evaluate (required): alias, hub id, local folder, or .gguf file")
     k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
     temperature: float = _f(1.0, "sampling temperature for pass@k")
     max_new_tokens: int = _f(32, "completion length cap")
@@ -81,6 +82,10 @@ class OnlineConfig(RunConfig, TaskConfig):
     # --- policy loss and the reference model
     clip_low: float = _f(0.2, "clip ratios below 1 - clip_low (for negative advantages)")
     clip_high: float = _f(0.2, "clip ratios above 1 + clip_high (for positive advantages); DAPO uses 0.28")
+    clip_ratio_c: float = _f(0.0, "dual-clip PPO: for negative advantages the loss is at most -A * c (> 1, e.g. 3; 0 = off)")
+    entropy_coef: float = _f(0.0, "entropy bonus: subtract coef * policy entropy per token from the loss (0 = off)")
+    is_mode: str = _f("none", "sampler/learner mismatch correction: none | token_truncate | token_mask | sequence_truncate | sequence_mask")
+    is_cap: float = _f(2.0, "mismatch correction: truncate the ratio pi_learner / pi_sampler at this, or mask outside [1/cap, cap]")
     kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3 (see losses.kl_penalty for which gradient each gives)")
     # --- optimisation
@@ -105,8 +110,9 @@ class GRPOConfig(OnlineConfig):
 
     # --- algorithm (`--algo` picks a preset of the knobs below; explicit keys override it)
     algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp (see README, Algorithms; PPO: `nanorl ppo`)")
-    adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out baseline) | batch (REINFORCE++ global norm)")
+    adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out) | batch (REINFORCE++: whiten over the batch's tokens) | group_batch (REINFORCE++-baseline)")
     scale_adv_by_std: bool = _f(True, "divide advantages by the std (GRPO); False = Dr. GRPO")
+    std_correction: int = _f(0, "std of the advantages: 0 = population std (nanorl) | 1 = sample std, Bessel's correction (TRL, verl)")
     loss_agg: str = _f("token", "token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO) loss normaliser")
     ratio_level: str = _f("token", "importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
     dynamic_sampling: int = _f(0, "DAPO: drop groups with equal rewards, refill with up to N extra rollout rounds (0 = off)")
@@ -204,9 +210,11 @@ PRESETS: dict[str, dict] = {
     "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071
     "rloo": {"adv_estimator": "rloo", "scale_adv_by_std": False, "loss_agg": "sequence"},  # arXiv 2402.14740
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
+    "reinforce_pp_baseline": {"adv_estimator": "group_batch", "scale_adv_by_std": True},  # verl, OpenRLHF
 }
 # The allowed values of each string key, for every config that has the key.
-CHOICES = {"adv_estimator": ("group", "rloo", "batch"), "loss_agg": ("token", "sequence", "constant"),
+CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_correction": (0, 1),
+           "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
            "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
            "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"),
@@ -275,6 +283,8 @@ def validate(cfg) -> None:
     for name in has & set(CHOICES):
         if getattr(cfg, name) not in CHOICES[name]:
             raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {getattr(cfg, name)!r}")
+    if isinstance(cfg, EvalConfig) and not cfg.model:
+        raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OfflineConfig):
         if not 0 < cfg.eval_fraction < 1:
             raise ConfigError(f"config key 'eval_fraction': must be in (0, 1), got {cfg.eval_fraction}")
@@ -283,6 +293,10 @@ def validate(cfg) -> None:
     if isinstance(cfg, OnlineConfig):
         if not 0 < cfg.top_p <= 1:
             raise ConfigError(f"config key 'top_p': must be in (0, 1], got {cfg.top_p}")
+        if cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 or cfg.clip_ratio_c < 0:
+            raise ConfigError(f"config key 'clip_ratio_c': must be > 1 (or 0 = off), got {cfg.clip_ratio_c}")
+        if cfg.is_cap <= 1 or cfg.entropy_coef < 0:
+            raise ConfigError(f"config keys 'is_cap' > 1 and 'entropy_coef' >= 0, got {cfg.is_cap}, {cfg.entropy_coef}")
         if cfg.rule_weight == 0 and not cfg.reward_model:
             raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' too")
         batch = cfg.prompts_per_step * cfg.samples_per_prompt

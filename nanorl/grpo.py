@@ -45,12 +45,19 @@ from nanorl.rewards import overlong_penalty
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task
-from nanorl.update import merge_stats, policy_backward, rows_batch, update_metrics
+from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
 
 
 @torch.no_grad()
 def sequence_kl(ref, roll, cfg: GRPOConfig, pad_id: int, device, backend) -> torch.Tensor:
-    """Per-sequence sum of the per-token KL estimate between the rollout policy and the reference (N,)."""
+    """Per-sequence sum of the per-token KL estimate between the rollout policy and the reference (N,).
+
+    With kl_placement "reward" this sum is subtracted from the sequence's reward, so every token of a
+    completion is penalised by the whole completion's KL. Deliberate: the GRPO family's advantages are one
+    number per sequence, computed from rewards that must be comparable within a group, so the KL joins the
+    reward at the sequence's level. The per-token form (token t pays the KL from t onward, as REINFORCE++ and
+    PPO-RLHF do) needs per-token advantages: that is `nanorl ppo` (per-token k1 in the reward, GAE; with
+    gae_lambda = gamma = 1 its advantages are exactly those returns-to-go minus the critic's baseline)."""
     out = []
     for s in range(0, len(roll.completion_ids), cfg.micro_batch_size):
         idx = range(s, min(s + cfg.micro_batch_size, len(roll.completion_ids)))
@@ -85,7 +92,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
     logger = make_logger(out, append=resuming)
-    describe(cfg, "grpo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
+    describe(cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
              backend, out)
     kl_in_reward = ref is not None and cfg.kl_placement == "reward"  # else the KL is a loss term (if any)
     mb_size = cfg.minibatch_size or cfg.prompts_per_step * G
@@ -95,7 +102,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
                                 cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
     start = checkpoint.load_state(ckpt, opt, sched)["step"] if resuming else 0
     first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
-    bar = progress(start, cfg, "grpo")
+    bar = progress(start, cfg, cfg.algo)
     for step in bar:
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
@@ -131,10 +138,15 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         if kl_in_reward:  # detached KL penalty folded into the reward
             kl_seq = sequence_kl(ref, roll, cfg, pad_id, device, backend)  # (N,)
             shaped = shaped - cfg.kl_coef * kl_seq
-        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](shaped, G, cfg.scale_adv_by_std)  # (N,)
+        lengths = torch.tensor([len(c) for c in roll.completion_ids])  # (N,) the token-level estimators weigh by them
+        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](shaped, G, cfg.scale_adv_by_std, lengths=lengths,
+                                                       std_correction=cfg.std_correction)  # (N,)
 
         # -------------------------------------------------------------- update
         sums: dict = {}
+        learner_old = None  # pi_old of an off-policy update that corrects for the sampler: the learner's own
+        if cfg.is_mode != "none" and not on_policy:
+            learner_old = learner_logprobs(policy, roll, cfg, pad_id, device, backend)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
         for _epoch in range(cfg.epochs):
             perm = list(range(batch)) if on_policy else torch.randperm(batch, generator=shuffle).tolist()
@@ -142,7 +154,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
                 mb = [i for i in perm[mb_start:mb_start + mb_size] if trainable[i]]
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=on_policy, pad_id=pad_id, device=device,
                                         backend=backend, ref=None if kl_in_reward else ref, loss_agg=cfg.loss_agg,
-                                        ratio_level=cfg.ratio_level)
+                                        ratio_level=cfg.ratio_level, learner_old=learner_old)
                 stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
                 merge_stats(sums, stats)
         sampler.sync_weights(policy)

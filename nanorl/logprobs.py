@@ -30,7 +30,7 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
     last position's logits), then the b completions on top of the cache, repeated per sequence with
     autograd-friendly indexing so gradients from every sample reach the shared prompt. Logits are
     computed only at positions that predict completion tokens, never for the prompt.
-    Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C), without gradient.
+    Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C) (with its gradient).
     """
     with backend.forward(model):
         return _token_logprobs(model, batch, temperature, with_entropy)
@@ -72,10 +72,10 @@ def _token_logprobs(model, batch, temperature: float, with_entropy: bool):
 
 class _SelectedLogprobs(torch.autograd.Function):
     """log softmax(z / T)[target] and the entropy of softmax(z / T) for rows of logits z (n, V) -> (n,), (n,),
-    a chunk of rows at a time. The same values and gradient as log_softmax + gather (tests/test_models.py)
-    with one (n, V) tensor alive besides the model's logits (the gradient) instead of five: the scaled
-    logits, the log-softmax, its exp for the entropy, and the gradients of gather and of log_softmax
-    (about 0.5 GiB less peak memory for a micro-batch of 16 x 32 tokens of a 49k vocabulary)."""
+    a chunk of rows at a time. The same values and gradients as log_softmax + gather and -sum(p log p)
+    (tests/test_models.py) with one (n, V) tensor alive besides the model's logits (the gradient) instead of
+    five: the scaled logits, the log-softmax, its exp for the entropy, and the gradients of gather and of
+    log_softmax (about 0.5 GiB less peak memory for a micro-batch of 16 x 32 tokens of a 49k vocabulary)."""
 
     @staticmethod
     def forward(ctx, logits, target, temperature, with_entropy):
@@ -88,25 +88,35 @@ class _SelectedLogprobs(torch.autograd.Function):
             if with_entropy:  # H = -sum_v p_v log p_v
                 z -= lse[s:s + chunk, None]  # (c, V) log-softmax, in place
                 entropy[s:s + chunk] = -(z.exp() * z).sum(-1)
-        ctx.save_for_backward(logits, target, lse)
+        ctx.save_for_backward(logits, target, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an unused entropy (no entropy bonus) costs nothing in backward
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        logits, target, lse = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, target, lse, entropy = ctx.saved_tensors
         grad, T, c = torch.empty_like(logits), ctx.temperature, ctx.chunk
-        for s in range(0, len(target), c):  # d logp / dz = (onehot(target) - softmax(z / T)) / T
-            g = grad_logp[s:s + c, None] / T  # (c, 1)
-            p = (logits[s:s + c].float() / T).sub_(lse[s:s + c, None]).exp_()  # (c, V) softmax, in place
+        for s in range(0, len(target), c):
+            p = (logits[s:s + c].float() / T).sub_(lse[s:s + c, None])  # (c, V) log-softmax, in place
+            if grad_entropy is not None:  # d H / dz = -p (log p + H) / T
+                g_h = (grad_entropy[s:s + c, None] / T) * p.exp() * (p + entropy[s:s + c, None])  # (c, V)
+            p.exp_()  # (c, V) softmax
+            if grad_logp is None:
+                grad[s:s + c] = -g_h
+                continue
+            g = grad_logp[s:s + c, None] / T  # (c, 1); d logp / dz = (onehot(target) - softmax(z / T)) / T
             grad[s:s + c] = p.mul_(-g).scatter_add_(-1, target[s:s + c, None], g)
+            if grad_entropy is not None:
+                grad[s:s + c] -= g_h
         return grad, None, None, None
 
 
 def selected_logprobs(logits, target, temperature: float = 1.0, with_entropy: bool = False):
     """Log-prob of each target id under softmax(logits / temperature), and that softmax's entropy (0 unless
-    asked): logits (n, V), target (n,) -> (n,), (n,)."""
+    asked; differentiable when asked, for an entropy bonus): logits (n, V), target (n,) -> (n,), (n,)."""
     return _SelectedLogprobs.apply(logits, target, temperature, with_entropy)
 
 

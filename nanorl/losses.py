@@ -11,8 +11,11 @@ import torch
 import torch.nn.functional as F
 
 
+MAX_LOG_RATIO = 20.0  # exp(20) = 4.9e8: any log-ratio beyond it is clamped (as verl and OpenRLHF do)
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                clip_low: float, clip_high: float, ratio_level: str = "token"):
+                clip_low: float, clip_high: float, ratio_level: str = "token", clip_ratio_c: float = 0.0):
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a per-token loss to minimise.
 
     loss_t = max(-A * r_t, -A * clip(r_t, 1 - clip_low, 1 + clip_high)),  r_t = exp(logp_t - old_logp_t).
@@ -21,18 +24,52 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     clip_low != clip_high is DAPO's "clip-higher" (arXiv 2503.14476, eq. 10).
     ratio_level="sequence" is GSPO (arXiv 2507.18071, eq. 7): one ratio per sequence,
     s_i = exp(mean_t(logp_t - old_logp_t)), the length-normalised sequence likelihood ratio.
-    logp, old_logp, mask (B, C); adv (B, 1). Returns loss (B, C) and per-token stats (B, C).
+    clip_ratio_c > 1 is dual-clip PPO (Ye et al. 2020, arXiv 1912.09729, eq. 5; verl's clip_ratio_c): for
+    A < 0 the loss is at most -A * c, so a token whose ratio has grown huge cannot dominate the step.
+    The log-ratio is clamped to +-MAX_LOG_RATIO first: the loss and its gradient stay finite at any gap
+    between the policies, and values inside the bound are unchanged.
+    logp, old_logp, mask (B, C); adv (B, 1) or (B, C). Returns loss (B, C) and per-token stats (B, C).
     """
     log_ratio = logp - old_logp  # (B, C)
     if ratio_level == "sequence":
         seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
         log_ratio = seq.expand_as(logp)
-    ratio = torch.exp(log_ratio)  # (B, C)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))  # (B, C)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)  # (B, C)
-    stats = {"ratio": ratio.detach(), "clipped": (clipped > unclipped).float().detach()}
+    dual = torch.zeros_like(loss, dtype=torch.bool)
+    if clip_ratio_c > 0:
+        bound = -adv * clip_ratio_c  # (B, 1) or (B, C)
+        dual = (adv < 0) & (loss > bound)
+        loss = torch.where(dual, bound.expand_as(loss), loss)
+    stats = {"ratio": ratio.detach(), "clipped": (clipped > unclipped).float().detach(), "dual_clipped": dual.float()}
     return loss, stats
+
+
+def mismatch_weights(learner_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,
+                     cap: float):
+    """Importance weights that correct for a sampler whose log-probs differ from the learner's (bf16 or
+    another kernel or engine): rho = pi_learner_old / pi_sampler per token (token_*) or, as the product over
+    the completion, per sequence (sequence_*). *_truncate: min(rho, cap), truncated importance sampling
+    (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"; TRL's
+    vllm_importance_sampling_mode). *_mask: rho inside the band [1 / cap, cap], else 0 (the token or the whole
+    sequence leaves the loss; masked IS, as TRL and verl's rollout correction do). All (B, C) -> weights
+    (B, C) without gradient, and per-token stats: rho, and where it was truncated or masked."""
+    log_rho = torch.clamp((learner_logp - sampler_logp) * mask, -MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, C)
+    if mode.startswith("sequence"):
+        log_rho = torch.clamp(log_rho.sum(-1, keepdim=True), -MAX_LOG_RATIO, MAX_LOG_RATIO).expand_as(mask)
+    rho = torch.exp(log_rho).detach()  # (B, C)
+    if mode.endswith("truncate"):
+        cut = rho > cap
+        weights = torch.clamp(rho, max=cap)
+    elif mode.endswith("mask"):
+        cut = (rho > cap) | (rho < 1.0 / cap)
+        weights = torch.where(cut, torch.zeros_like(rho), rho)
+    else:
+        raise ValueError(f"config key 'is_mode': expected none|token_truncate|token_mask|sequence_truncate|"
+                         f"sequence_mask, got {mode!r}")
+    return weights, {"is_ratio": rho, "is_cut": cut.float()}
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -103,4 +140,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         return 0.5 * unclipped, {"clipped": torch.zeros_like(values)}
     v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
     clipped = (v_clip - returns) ** 2
-    return 0.5 * torch.maximum(unclipped, clipped), {"clipped": (clipped > unclipped).float().detach()}
+    # clipping is active where the clamp binds and the clipped loss is the larger: read from the clamp, since
+    # old + (V - old) can differ from V by rounding where the clamp does not bind
+    active = ((values - old_values).abs() > clip) & (clipped > unclipped)
+    return 0.5 * torch.maximum(unclipped, clipped), {"clipped": active.float().detach()}

@@ -218,10 +218,10 @@ def postfix(metrics: dict) -> dict:
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
+    checkpoint.save(out / "model", policy, tok)
     wall = time.perf_counter() - t_start
     result = {"steps": cfg.steps, "wall_s": wall, "before": first, "after": last}
     if distributed.is_main():
-        checkpoint.save(out / "model", policy, tok)
         (out / "results.json").write_text(json.dumps(result, indent=2))
     logger.close()
     before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""

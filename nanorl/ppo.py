@@ -25,7 +25,7 @@ import torch
 
 from nanorl import checkpoint
 from nanorl.advantages import gae, whiten
-from nanorl.config import PPOConfig, validate
+from nanorl.config import ConfigError, PPOConfig, validate
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
@@ -38,7 +38,7 @@ from nanorl.reward_model import load_reward_model, token_values
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task
-from nanorl.update import merge_stats, policy_backward, rows_batch, update_metrics
+from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
 
 
 def padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -58,6 +58,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 def train(cfg: PPOConfig, task: Task | None = None) -> dict:
     # ------------------------------------------------------------------ setup
+    if not isinstance(cfg, PPOConfig):
+        raise ConfigError(f"nanorl.ppo.train takes a PPOConfig, got {type(cfg).__name__}")
     validate(cfg)
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     critic_ckpt = out / "checkpoint_critic"
@@ -121,6 +123,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
 
         # -------------------------------------------------------------- update: actor and critic
         sums, vsums, epochs_run = {}, {"loss": 0.0, "clipped": 0.0}, 0
+        learner_old = learner_logprobs(policy, roll, cfg, pad_id, device, backend) if cfg.is_mode != "none" else None
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
         for _epoch in range(cfg.epochs):
             epochs_run += 1
@@ -129,7 +132,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
             for mb_start in range(0, batch, mb_size):
                 mb = perm[mb_start:mb_start + mb_size]
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=False, pad_id=pad_id, device=device,
-                                        backend=backend)
+                                        backend=backend, learner_old=learner_old)
                 stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
                 merge_stats(sums, stats)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]

@@ -135,7 +135,12 @@ class LocalSampler:
         self.model, self.stop_ids, self.pad_id, self.backend = model, stop_ids, pad_id, backend
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> Rollouts:
-        return generate(self.model, prompts, n, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling, whatever mode the caller keeps the model in
+        try:
+            return generate(self.model, prompts, n, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
+        finally:
+            self.model.train(was_training)
 
     def sync_weights(self, model) -> None:
         assert model is self.model, "LocalSampler samples from the model it was built with"

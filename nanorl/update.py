@@ -15,13 +15,14 @@ import torch
 from nanorl.backends import Backend
 from nanorl.data import collate
 from nanorl.logprobs import AUTO, token_logprobs
-from nanorl.losses import kl_penalty, loss_weights, policy_loss
+from nanorl.losses import kl_penalty, loss_weights, mismatch_weights, policy_loss
 
 
-def rows_batch(roll, idx, pad_id: int, device):
-    """A training Batch of rollout rows `idx`, with the sampler's log-probs as extra["old"]."""
+def rows_batch(roll, idx, pad_id: int, device, old: list[torch.Tensor] | None = None):
+    """A training Batch of rollout rows `idx`, with the sampler's log-probs (or `old`'s) as extra["old"]."""
+    old = roll.logprobs if old is None else old
     return collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device,
-                   {"old": [roll.logprobs[i] for i in idx]})
+                   {"old": [old[i] for i in idx]})
 
 
 def micro_batches(rows: list[int], roll, size: int) -> list[list[int]]:
@@ -47,27 +48,52 @@ def micro_batches(rows: list[int], roll, size: int) -> list[list[int]]:
     return min(split(by_length), split(by_group), key=cost)
 
 
+@torch.no_grad()
+def learner_logprobs(policy, roll, cfg, pad_id: int, device, backend: Backend = AUTO) -> list[torch.Tensor]:
+    """The learner's own log-probs of every rollout token before the update (pi_old for an off-policy update
+    whose sampler may disagree with the learner, cfg.is_mode): one no-grad forward, (N,) tensors of (len,)."""
+    out = []
+    for s in range(0, len(roll.completion_ids), cfg.micro_batch_size):
+        idx = list(range(s, min(s + cfg.micro_batch_size, len(roll.completion_ids))))
+        logp, _ = token_logprobs(policy, rows_batch(roll, idx, pad_id, device), cfg.temperature, backend=backend)
+        out += [logp[j, :len(roll.completion_ids[i])].cpu() for j, i in enumerate(idx)]
+    return out
+
+
 def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, pad_id: int, device,
-                    backend: Backend = AUTO, ref=None, loss_agg: str = "token", ratio_level: str = "token") -> dict:
+                    backend: Backend = AUTO, ref=None, loss_agg: str = "token", ratio_level: str = "token",
+                    learner_old: list[torch.Tensor] | None = None) -> dict:
     """Accumulate the gradient of one minibatch (rows `mb` of the rollout), micro-batch by micro-batch.
     `adv` is (N,) per sequence (GRPO family) or (N, C) per token (PPO). `ref` is given when the KL to the
     reference model is a loss term (cfg.kl_coef * the cfg.kl_estimator estimate, per token).
+    pi_old is the learner's current log-probs, detached, on-policy; else `learner_old` when given (see
+    learner_logprobs), else the sampler's. With cfg.is_mode each token's loss is weighted by the truncated or
+    masked ratio pi_old / pi_sampler (losses.mismatch_weights); cfg.entropy_coef adds an entropy bonus.
 
     The loss weights count tokens and sequences of the whole minibatch (`losses.loss_weights`), so the
     gradient is the same for any micro_batch_size. Rows with zero advantage are skipped when there is
     no KL term: their loss is exactly 0 (the counts still include them). Returns sums for metrics.
     """
     n_tokens, n_seqs = sum(len(roll.completion_ids[i]) for i in mb), len(mb)  # counts of the whole minibatch
-    rows = [i for i in mb if bool((adv[i] != 0).any()) or ref is not None]
+    rows = [i for i in mb if bool((adv[i] != 0).any()) or ref is not None or cfg.entropy_coef > 0]
     stats = {"loss": 0.0, "tokens": 0, "ratio": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0,
-             "logp_diff": 0.0, "approx_kl": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf")}
+             "logp_diff": 0.0, "approx_kl": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf"),
+             "dual_clipped": 0.0, "is_ratio": 0.0, "is_cut": 0.0}
     for idx in micro_batches(rows, roll, cfg.micro_batch_size):
         mb_batch = rows_batch(roll, idx, pad_id, device)
         mask, sampler_logp = mb_batch.loss_mask, mb_batch.extra["old"]  # (b, C)
         logp, entropy = token_logprobs(policy, mb_batch, cfg.temperature, with_entropy=True, backend=backend)  # (b, C)
         old = logp.detach() if on_policy else sampler_logp  # on-policy: ratio exactly 1, no extra forward
+        if learner_old is not None and not on_policy:
+            old = rows_batch(roll, idx, pad_id, device, learner_old).extra["old"]  # (b, C)
         a = adv[idx][:, :logp.shape[1]] if adv.dim() == 2 else adv[idx][:, None]  # (b, C) per token, or (b, 1)
-        per_token, st = policy_loss(logp, old, a.to(device), mask, cfg.clip_low, cfg.clip_high, ratio_level)
+        per_token, st = policy_loss(logp, old, a.to(device), mask, cfg.clip_low, cfg.clip_high, ratio_level,
+                                    cfg.clip_ratio_c)
+        if cfg.is_mode != "none":  # sampler / learner mismatch correction
+            weights, is_st = mismatch_weights(old, sampler_logp, mask, cfg.is_mode, cfg.is_cap)
+            per_token, st = per_token * weights, {**st, **is_st}
+        if cfg.entropy_coef > 0:  # entropy bonus: minimising -coef * H raises the entropy
+            per_token = per_token - cfg.entropy_coef * entropy
         kl = torch.zeros_like(logp)
         if ref is not None:
             with torch.no_grad():
@@ -79,9 +105,11 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
         m = mask.bool()
         stats["loss"] += loss.item()
         stats["tokens"] += int(m.sum())
-        for name, value in (("ratio", st["ratio"]), ("clipped", st["clipped"]), ("entropy", entropy),
+        for name, value in (("ratio", st["ratio"]), ("clipped", st["clipped"]), ("entropy", entropy.detach()),
                             ("kl", kl.detach()), ("logp_diff", (logp.detach() - sampler_logp).abs()),
-                            ("approx_kl", st["ratio"] - 1 - st["ratio"].log())):  # k3 of pi_old || pi
+                            ("approx_kl", st["ratio"] - 1 - st["ratio"].log()),  # k3 of pi_old || pi
+                            ("dual_clipped", st["dual_clipped"]), ("is_ratio", st.get("is_ratio", torch.ones_like(logp))),
+                            ("is_cut", st.get("is_cut", torch.zeros_like(logp)))):
             stats[name] += value[m].sum().item()
         stats["ratio_min"] = min(stats["ratio_min"], st["ratio"][m].min().item())
         stats["ratio_max"] = max(stats["ratio_max"], st["ratio"][m].max().item())
@@ -107,4 +135,6 @@ def update_metrics(sums: dict, opt_steps: int) -> dict:
             "policy/ratio_min": sums["ratio_min"] if any_tokens else 1.0,
             "policy/ratio_max": sums["ratio_max"] if any_tokens else 1.0,
             "policy/sampler_logp_diff": sums["logp_diff"] / tt, "policy/approx_kl": sums["approx_kl"] / tt,
+            "policy/dual_clip_frac": sums["dual_clipped"] / tt,
+            "policy/is_ratio_mean": sums["is_ratio"] / tt if any_tokens else 1.0, "policy/is_cut_frac": sums["is_cut"] / tt,
             "policy/trained_tokens": sums["tokens"], "optim/grad_norm": sums["grad_norm"] / opt_steps}

@@ -81,3 +81,37 @@ def test_equal_non_dyadic_rewards_are_exactly_zero_for_every_estimator():
         for scale in (True, False):
             adv, _ = fn(r, 4, scale)
             assert torch.equal(adv, torch.zeros(12)), (name, scale)
+
+
+def test_reinforce_pp_whitens_over_the_batchs_tokens_as_the_paper_does():
+    """REINFORCE++ (arXiv 2501.03262): every token carries its sequence's reward, whitened over all tokens.
+    Lengths [10, 1, 1, 1], rewards [1, 0, 0, 0]: token mean 10/13, token std sqrt(30)/13, so the long
+    sequence gets (3/13) / (sqrt(30)/13) = 3/sqrt(30) = 0.548 and the short ones -10/sqrt(30) = -1.826
+    (a per-sequence normalisation gave the long one 1.73)."""
+    from nanorl.advantages import batch_advantages
+
+    adv, _ = batch_advantages(torch.tensor([1.0, 0, 0, 0]), 4, eps=0.0, lengths=torch.tensor([10, 1, 1, 1]))
+    assert torch.allclose(adv, torch.tensor([3 / 30**0.5, -10 / 30**0.5, -10 / 30**0.5, -10 / 30**0.5]))
+    adv, _ = batch_advantages(torch.tensor([1.0, 0, 0, 0]), 4, eps=0.0)  # no lengths: one token each
+    assert torch.allclose(adv, torch.tensor([3.0, -1, -1, -1]) / 3**0.5)
+
+
+def test_reinforce_pp_baseline_subtracts_the_group_mean_then_whitens_over_tokens():
+    from nanorl.advantages import group_batch_advantages
+
+    # groups of 2: (1, 0) -> centred (0.5, -0.5); (1, 1) -> (0, 0); lengths 3, 1, 2, 2
+    r, lengths = torch.tensor([1.0, 0, 1, 1]), torch.tensor([3, 1, 2, 2])
+    adv, _ = group_batch_advantages(r, 2, eps=0.0, lengths=lengths)
+    c = torch.tensor([0.5, -0.5, 0.0, 0.0])
+    mean = (c * lengths).sum() / 8  # 1/8
+    std = ((lengths * (c - mean) ** 2).sum() / 8).sqrt()
+    assert torch.allclose(adv, (c - mean) / std)
+    assert adv[2] != 0  # a group without variance is shifted by the whitening, as in verl and OpenRLHF
+
+
+def test_std_correction_picks_the_population_or_the_sample_std():
+    r = torch.tensor([1.0, 0, 0, 0])  # mean 0.25; population std sqrt(3/16), sample std sqrt(1/4) = 0.5
+    pop, _ = group_advantages(r, 4, eps=0.0)
+    sample, _ = group_advantages(r, 4, eps=0.0, std_correction=1)
+    assert torch.allclose(pop[0], torch.tensor(0.75 / (3 / 16) ** 0.5))
+    assert torch.allclose(sample[0], torch.tensor(1.5))

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from nanorl.losses import kl_penalty, loss_weights, policy_loss
@@ -152,3 +153,53 @@ def test_kl_placement_gradients_exact_expectation():
     k3_loss = grad(lambda: (w * kl_penalty(logp(), ref, "k3")).sum())
     assert torch.allclose(k2_loss, reverse, atol=1e-6) and torch.allclose(k1_reward, reverse, atol=1e-6)
     assert torch.allclose(k3_loss, forward, atol=1e-6) and not torch.allclose(k3_loss, reverse, atol=1e-3)
+
+
+def test_policy_ratio_is_clamped_at_extreme_log_ratios_and_unchanged_inside():
+    for adv in (1.0, -1.0):
+        for gap in (100.0, -100.0):
+            logp = torch.tensor([[gap]], requires_grad=True)
+            loss, st = policy_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), ONE, 0.2, 0.2)
+            loss.sum().backward()
+            assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all(), (adv, gap)
+            assert st["ratio"].item() == pytest.approx(math.exp(20 if gap > 0 else -20), rel=1e-5)
+    # inside the bound the value and gradient are those of exp(logp - old)
+    loss, grad, _ = _loss_and_grad(math.log(1.1), 0.0, -0.5)
+    assert abs(loss - 0.55) < 1e-6 and abs(grad - 0.55) < 1e-6
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+    """Dual-clip PPO (arXiv 1912.09729, eq. 5), c = 3: for A < 0 the loss is min(max(-A r, -A clip(r)), -A c)."""
+    def run(ratio, adv, c=3.0):
+        logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+        loss, st = policy_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), ONE, 0.2, 0.2, clip_ratio_c=c)
+        loss.sum().backward()
+        return loss.item(), logp.grad.item(), st["dual_clipped"].item()
+
+    loss, grad, dual = run(5.0, -1.0)  # -A r = 5 > -A c = 3: bounded, no gradient
+    assert abs(loss - 3.0) < 1e-6 and grad == 0.0 and dual == 1.0
+    loss, grad, dual = run(2.0, -1.0)  # 2 < 3: the ordinary surrogate, gradient -A r = 2
+    assert abs(loss - 2.0) < 1e-6 and abs(grad - 2.0) < 1e-5 and dual == 0.0
+    loss, grad, dual = run(5.0, 1.0)  # A > 0: untouched (clipped at 1.2 as usual)
+    assert abs(loss - (-1.2)) < 1e-6 and grad == 0.0 and dual == 0.0
+    assert run(5.0, -1.0, c=0.0)[0] == pytest.approx(5.0)  # off
+
+
+def test_mismatch_weights_truncate_or_mask_tokens_and_sequences():
+    from nanorl.losses import mismatch_weights
+
+    learner, sampler, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    rho = torch.tensor([[math.exp(0.5), math.exp(-1.0)]])  # 1.649, 0.368
+    w, st = mismatch_weights(learner, sampler, mask, "token_truncate", 1.5)
+    assert torch.allclose(w, torch.tensor([[1.5, math.exp(-1.0)]])) and torch.equal(st["is_cut"], torch.tensor([[1.0, 0]]))
+    assert torch.allclose(st["is_ratio"], rho)
+    w, st = mismatch_weights(learner, sampler, mask, "token_mask", 2.0)  # band [0.5, 2]
+    assert torch.allclose(w, torch.tensor([[math.exp(0.5), 0.0]])) and torch.equal(st["is_cut"], torch.tensor([[0.0, 1]]))
+    seq = math.exp(-0.5)  # the product of the token ratios: 0.607
+    w, _ = mismatch_weights(learner, sampler, mask, "sequence_truncate", 2.0)
+    assert torch.allclose(w, torch.full((1, 2), seq))
+    w, st = mismatch_weights(learner, sampler, mask, "sequence_mask", 1.5)  # band [0.667, 1.5]
+    assert torch.equal(w, torch.zeros(1, 2)) and st["is_cut"].sum() == 2
+    # padding (mask 0) counts as ratio 1 in a sequence's product
+    w, _ = mismatch_weights(learner, sampler, torch.tensor([[1.0, 0.0]]), "sequence_truncate", 2.0)
+    assert torch.allclose(w, torch.full((1, 2), math.exp(0.5)))

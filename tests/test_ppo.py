@@ -54,6 +54,14 @@ def test_whiten_over_real_tokens_only():
     assert torch.equal(w[~mask.bool()], torch.zeros(2))
 
 
+def test_value_clip_frac_reads_the_clamp_not_rounding():
+    # |V - old| = 0.1 < clip 0.2, but old + (V - old) != V in float32: not clipped
+    v_old, v, ret = torch.tensor([[0.1]]), torch.tensor([[1e-8]]), torch.tensor([[1.0]])
+    assert (v_old + (v - v_old)).item() != v.item()
+    loss, st = value_loss(v, v_old, ret, clip=0.2)
+    assert st["clipped"].item() == 0.0
+
+
 def test_value_loss_clipping_by_hand():
     v_old, ret = torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, -1.0]])
     v = torch.tensor([[0.5, 0.5]])
@@ -92,9 +100,9 @@ def test_ppo_raises_reward_on_a_toy_task(tmp_path):
 def test_ppo_resumes_with_its_critic(tmp_path):
     base = dict(model="tiny", out_dir=str(tmp_path), prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4,
                 lr=1e-3, eval_every=100, save_every=2, minibatch_size=2)
-    train(PPOConfig(steps=3, **base), toy_task())
+    train(PPOConfig(steps=3, is_mode="sequence_mask", clip_ratio_c=3.0, **base), toy_task())
     assert (tmp_path / "checkpoint_critic" / "config.json").is_file()
-    train(PPOConfig(steps=4, resume=True, **base), toy_task())
+    train(PPOConfig(steps=4, resume=True, is_mode="sequence_mask", clip_ratio_c=3.0, **base), toy_task())
     assert [json.loads(x)["step"] for x in open(tmp_path / "metrics.jsonl")] == [1, 2, 3, 3, 4]
 
 

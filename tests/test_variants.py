@@ -9,10 +9,10 @@ from test_grpo import toy_task
 from nanorl import Example, Task, train
 from nanorl.advantages import ESTIMATORS
 from nanorl.config import PRESETS, ConfigError, GRPOConfig, parse_args, preset, validate
-from nanorl.online import informative_groups
-from nanorl.update import policy_backward
 from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
+from nanorl.online import informative_groups
 from nanorl.sampling import SamplingParams, generate
+from nanorl.update import learner_logprobs, policy_backward
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every loop test with backends on and off
 
@@ -129,3 +129,74 @@ def test_gradient_independent_of_micro_batch_for_every_mode(loss_agg, ratio_leve
     assert grads[0].abs().max() > 0
     for g in grads[1:]:
         assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4)
+
+
+def _rollout(seed=2, n=4, new=9):
+    model, tok = tiny_model_and_tokenizer(seed=seed)
+    prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
+    roll = generate(model, prompts, n, SamplingParams(max_new_tokens=new), stop_token_ids(model, tok), seed=1,
+                    pad_id=tok.pad_token_id)
+    return model, tok, roll
+
+
+def _grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate"])
+def test_mismatch_correction_weighs_each_token_by_its_truncated_or_masked_ratio(mode):
+    """On-policy the ratio is 1, so weighting a token's loss by w = f(pi_learner / pi_sampler) must give the
+    gradient of advantages A * w without any correction. The sampler's log-probs are the learner's shifted
+    by known amounts, so w is known by hand: rho = exp(-shift)."""
+    from nanorl.losses import mismatch_weights
+
+    model, tok, roll = _rollout()
+    learner = learner_logprobs(model, roll, GRPOConfig(), tok.pad_token_id, "cpu")
+    shifts = [torch.linspace(-0.9, 0.9, len(lp)) for lp in learner]
+    roll.logprobs = [lp + s for lp, s in zip(learner, shifts)]
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0] * 3)  # (N,) per sequence
+    rows = list(range(12))
+    cfg = GRPOConfig(micro_batch_size=12, is_mode=mode, is_cap=1.8)
+    model.zero_grad()
+    st = policy_backward(model, roll, adv, rows, cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu")
+    corrected = _grads(model)
+    C = max(len(c) for c in roll.completion_ids)
+    mask = torch.zeros(12, C)
+    shift = torch.zeros(12, C)
+    for i, s in enumerate(shifts):
+        mask[i, :len(s)], shift[i, :len(s)] = 1, s
+    w, _ = mismatch_weights(-shift, torch.zeros(12, C), mask, mode, 1.8)  # rho = exp(-shift) by hand
+    model.zero_grad()
+    policy_backward(model, roll, adv[:, None] * w, rows, GRPOConfig(micro_batch_size=12), on_policy=True,
+                    pad_id=tok.pad_token_id, device="cpu")
+    assert corrected.abs().max() > 0
+    torch.testing.assert_close(corrected, _grads(model), rtol=1e-4, atol=1e-6)
+    assert 0 < st["is_cut"] < st["tokens"]  # some tokens truncated or masked, not all
+
+
+def test_entropy_bonus_alone_raises_the_entropy():
+    model, tok, roll = _rollout()
+    cfg = GRPOConfig(micro_batch_size=12, entropy_coef=1.0)
+    before = policy_backward(model, roll, torch.zeros(12), list(range(12)), cfg, on_policy=True,
+                             pad_id=tok.pad_token_id, device="cpu")
+    assert before["tokens"] > 0  # zero advantages, yet trained: the bonus has a gradient
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= 0.5 * p.grad
+    model.zero_grad()
+    after = policy_backward(model, roll, torch.zeros(12), list(range(12)), cfg, on_policy=True,
+                            pad_id=tok.pad_token_id, device="cpu")
+    assert after["entropy"] > before["entropy"]
+
+
+def test_loop_with_dual_clip_entropy_bonus_and_mismatch_correction_off_policy(tmp_path):
+    train(GRPOConfig(out_dir=str(tmp_path), clip_ratio_c=3.0, entropy_coef=0.01, is_mode="token_truncate",
+                     minibatch_size=4, epochs=2, **SMALL), varied_task())
+    for x in _metrics(tmp_path):  # the sampler and the learner share their kernels: ratios ~1, nothing cut
+        assert abs(x["policy/is_ratio_mean"] - 1) < 1e-3 and x["policy/is_cut_frac"] == 0
+        assert "policy/dual_clip_frac" in x
+    with pytest.raises(ConfigError, match="clip_ratio_c"):
+        validate(GRPOConfig(clip_ratio_c=0.5))
+    with pytest.raises(ConfigError, match="is_mode"):
+        validate(GRPOConfig(is_mode="tis"))

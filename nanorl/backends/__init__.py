@@ -83,7 +83,7 @@ class Backend:
         """Process-wide settings a training process takes once: on CPU, glibc keeps freed memory for reuse
         (backends/cpu.py, reuse_freed_memory). Not undone at the end: glibc has no way back to its adaptive
         defaults. `backend: torch` leaves the allocator alone."""
-        if self.fast:
+        if self.name == "auto" and os.environ.get(ENV, "auto") != "torch":
             from nanorl.backends.cpu import reuse_freed_memory
 
             reuse_freed_memory(device)
