@@ -28,7 +28,8 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    # a peft adapter alone; without save_embedding_layers peft looks its base model up on the hub
+    model.save_pretrained(tmp, **({"save_embedding_layers": False} if hasattr(model, "peft_config") else {}))
     tok.save_pretrained(tmp)
     if opt is not None:
         state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
@@ -40,6 +41,15 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
         path.rename(old)
     tmp.rename(path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:
+    """The final model: as it is, or for a LoRA run the adapter merged into its base (or the adapter alone)."""
+    if hasattr(model, "peft_config"):
+        from nanorl.integrations.lora import save_final as save_lora
+
+        return save_lora(model, tok, Path(path), merge_lora)
+    save(path, model, tok)
 
 
 def load_state(path: Path, opt, sched) -> dict:

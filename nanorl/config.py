@@ -36,6 +36,11 @@ class RunConfig(ModelConfig):
 
     out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
+    lora_r: int = _f(0, "LoRA rank: train peft adapters only (0 = full fine-tuning); --model may also be an adapter folder")
+    lora_alpha: float = _f(32.0, "LoRA scale alpha (the update is alpha / r * B A)")
+    lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
+    lora_target: str = _f("all-linear", "LoRA target modules: all-linear (attention and MLP projections) or names, e.g. 'q_proj,v_proj'")
+    merge_lora: bool = _f(True, "LoRA: save the final model/ merged (loads without peft) rather than as the adapter alone")
 
 
 @dataclass
@@ -283,6 +288,10 @@ def validate(cfg) -> None:
     for name in has & set(CHOICES):
         if getattr(cfg, name) not in CHOICES[name]:
             raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {getattr(cfg, name)!r}")
+    if isinstance(cfg, RunConfig) and (cfg.lora_r < 0 or cfg.lora_alpha <= 0 or cfg.lora_dropout != 0):
+        raise ConfigError(f"config keys 'lora_r' >= 0, 'lora_alpha' > 0 and 'lora_dropout' 0 (nanorl keeps dropout off so "
+                          f"the rollout and the update see the same function), got {cfg.lora_r}, {cfg.lora_alpha}, "
+                          f"{cfg.lora_dropout}")
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OfflineConfig):

@@ -19,8 +19,10 @@ AUTO = Backend()
 
 
 def cache_kwarg(model) -> str:
-    """transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    """transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`. A peft model
+    passes it through to the model it wraps."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False, backend: Backend = AUTO):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from nanorl.integrations.hub import resolve_model_path
+from nanorl.integrations.lora import add_adapters, is_adapter
 
 
 def resolve_device(name: str) -> torch.device:
@@ -21,18 +22,34 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) for an alias, a local folder, a .gguf file or a hub id, in `dtype` on `device`."""
+    """(model, tokenizer) for an alias, a local folder, a .gguf file, a hub id or a LoRA adapter folder (its
+    base model with the adapter on top, trainable), in `dtype` on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if is_adapter(name):
+        from nanorl.integrations.lora import load_adapter
+
+        return load_adapter(name, device, dtype, load_base=load_model)
     if name == "tiny":
         model, tok = tiny_model_and_tokenizer()
-        return model.to(device=device, dtype=dtype), tok
-    path = resolve_model_path(name)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        model = model.to(device=device, dtype=dtype)
+    else:
+        path = resolve_model_path(name)
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    model.config._name_or_path = name  # as given (an alias stays an alias): what a saved adapter names as its base
     if tok.pad_token_id is None:  # masks come from positions, so any id works as padding
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def trainable(model, cfg, task_type: str = "CAUSAL_LM"):
+    """The model to train: with cfg.lora_r > 0 fresh LoRA adapters on it (integrations/lora.py), unless it
+    already carries an adapter (an adapter folder given as --model, or a resumed LoRA checkpoint).
+    task_type SEQ_CLS: a reward model or critic, whose scalar head then trains in full."""
+    if cfg.lora_r > 0 and not hasattr(model, "peft_config"):
+        return add_adapters(model, cfg, task_type)
+    return model
 
 
 def tiny_model_and_tokenizer(seed: int = 0, layers: int = 2, hidden: int = 64):

@@ -23,7 +23,7 @@ from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import encode_reply
 from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.logger import make_logger
-from nanorl.models import load_model, resolve_device, stop_token_ids
+from nanorl.models import load_model, resolve_device, stop_token_ids, trainable
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 
@@ -37,6 +37,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
     model, tok = load(cfg.model, device, dtype)
+    model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS")  # LoRA when cfg.lora_r > 0
     model.eval()  # no dropout: the reference pass and the update see the same function
     out = Path(cfg.out_dir)
     logger = make_logger(out)
@@ -103,7 +104,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
     bar.close()
     out = Path(cfg.out_dir)
-    checkpoint.save(out / "model", model, tok)
+    checkpoint.save_final(out / "model", model, tok, cfg.merge_lora)
     wall = time.perf_counter() - t_start
     result = {"steps": total, "wall_s": wall, "before": first, "after": last}
     if distributed.is_main():

@@ -27,7 +27,8 @@ from nanorl.config import OnlineConfig, to_dict
 from nanorl.data import encode_reply, render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.logprobs import AUTO
-from nanorl.models import load_model, resolve_device
+from nanorl.integrations.lora import AdapterOff, is_adapter
+from nanorl.models import load_model, resolve_device, trainable
 from nanorl.sampling import SamplingParams
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task, task_from_config
@@ -67,9 +68,11 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str):
     reference (only when kl_coef > 0), and the frozen reward model with its tokenizer (only with reward_model).
     Every model stays in eval mode: no dropout, so the rollout and the update see the same function."""
     policy, tok = load_model(start_from, device, dtype)
-    policy.eval()
+    policy = trainable(policy, cfg).eval()  # LoRA adapters when cfg.lora_r > 0
     ref = rm = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model):
+        ref = AdapterOff(policy)  # the starting model is the base: the adapters off, no second copy
+    elif cfg.kl_coef > 0:
         ref, _ = load_model(cfg.model, device, dtype)
         ref.eval().requires_grad_(False)
     if cfg.reward_model:
@@ -218,7 +221,7 @@ def postfix(metrics: dict) -> dict:
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
-    checkpoint.save(out / "model", policy, tok)
+    checkpoint.save_final(out / "model", policy, tok, cfg.merge_lora)
     wall = time.perf_counter() - t_start
     result = {"steps": cfg.steps, "wall_s": wall, "before": first, "after": last}
     if distributed.is_main():

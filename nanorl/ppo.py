@@ -30,7 +30,7 @@ from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty, value_loss
-from nanorl.models import stop_token_ids
+from nanorl.models import stop_token_ids, trainable
 from nanorl.online import (check_context, describe, due, finish, first_eval, load_models, postfix, prepare, progress,
                            prompt_order, reward_metrics, rollout_and_score, rollout_metrics, run_eval, sample_records,
                            time_metrics)
@@ -69,7 +69,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
     critic, _ = load_reward_model(str(critic_ckpt) if resuming else (cfg.critic_model or cfg.model), device, dtype)
-    critic.eval()  # no dropout
+    critic = trainable(critic, cfg, "SEQ_CLS").eval()  # LoRA on the critic too when cfg.lora_r > 0; no dropout
     logger = make_logger(out, append=resuming)
     describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
              device, backend, out)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from nanorl.config import RMConfig
 from nanorl.backends import Backend
 from nanorl.integrations.hub import ALIASES
+from nanorl.integrations.lora import is_adapter, load_adapter
 from nanorl.logprobs import AUTO
 from nanorl.models import load_model
 from nanorl.offline import encode_rows, fit, setup
@@ -42,6 +43,8 @@ def load_reward_model(name: str, device, dtype=torch.float32):
         except (OSError, ValueError):
             return False
 
+    if is_adapter(name):  # trained with LoRA: its base (a scalar head on a backbone) with the adapter on top
+        return load_adapter(name, device, dtype, load_base=load_reward_model)
     if is_classifier():
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
         tok = AutoTokenizer.from_pretrained(name)
@@ -51,6 +54,8 @@ def load_reward_model(name: str, device, dtype=torch.float32):
                              f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}")
         return model, tok
     lm, tok = load_model(name, device, dtype)
+    if hasattr(lm, "peft_config"):  # a causal LM's adapter folder: its weights with the adapter folded in
+        lm = lm.merge_and_unload()
     config = lm.config
     config.num_labels, config.pad_token_id = 1, tok.pad_token_id
     model = AutoModelForSequenceClassification.from_config(config, dtype=dtype)
@@ -67,21 +72,26 @@ def _hidden(model, prompts, replies, pad_id, device, backend: Backend = AUTO):
     fp32 also under mixed precision), and reply lengths."""
     ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with backend.forward(model):
-        h = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
+    with backend.forward(model):  # a peft model's adapters sit inside the backbone it wraps
+        h = _inner(model).base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
     return h.float(), [len(r) for r in replies]
+
+
+def _inner(model):
+    """The transformers model itself (under a peft wrapper, with the adapters inside it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def rm_scores(model, prompts, replies, pad_id, device, backend: Backend = AUTO) -> torch.Tensor:
     """Reward of each (prompt, reply): the head at the last token (b,)."""
     h, _ = _hidden(model, prompts, replies, pad_id, device, backend)
-    return model.score(h[:, -1]).squeeze(-1).float()
+    return _inner(model).score(h[:, -1]).squeeze(-1).float()
 
 
 def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUTO) -> torch.Tensor:
     """Value of the state before each reply token, V(prompt + reply[:t]) (b, C), 0 on padding."""
     h, lengths = _hidden(model, prompts, replies, pad_id, device, backend)
-    v = model.score(h).squeeze(-1).float()  # (b, L)
+    v = _inner(model).score(h).squeeze(-1).float()  # (b, L)
     L, C = v.shape[1], max(max(lengths), 1)
     out = torch.zeros(len(lengths), C, device=v.device, dtype=v.dtype)
     for i, n in enumerate(lengths):  # the reply occupies the last n positions; t is predicted from t - 1

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from nanorl.tasks import file_task, get_task
+from nanorl.tasks import get_task
+from nanorl.tasks.files import file_task
 
 
 def test_jsonl_csv_and_field_mapping(tmp_path):

@@ -10,18 +10,15 @@ A prompt is a string (rendered as one user message with the model's chat templat
 chat messages. `reward(prompt, completion, **fields) -> float` gets the example's fields as keywords.
 A reward spec is comma-separated `name=weight` items; a name is a built-in reward (REWARDS), a
 `module:function`, or a `path/to/file.py:function`. Each part is logged as `reward/<name>_mean`.
-Files: .jsonl, .csv, .parquet, or a folder saved by `datasets.Dataset.save_to_disk`.
+Built-in tasks live beside this file (arithmetic.py, countdown.py, code.py, sql.py, math_answer.py); data files
+(.jsonl, .csv, .parquet, or a folder saved by `datasets.Dataset.save_to_disk`) are read by files.py.
 """
 
 from __future__ import annotations
 
-import json
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-from nanorl.rewards import final_number
 
 
 @dataclass
@@ -72,42 +69,6 @@ class Task:
 
     def score(self, examples: list[Example], completions: list[str]) -> list[float]:
         return self.score_parts(examples, completions)[1]
-
-
-def arithmetic(digits: int = 2, operators: str = "+", eval_size: int = 200, seed: int = 0,
-               max_train: int = 50_000) -> Task:
-    """Procedural arithmetic: "What is 23 + 45?" -> reward 1 if the final number is 68.
-
-    Problems are distinct; the held-out split is drawn first and never appears in training.
-    """
-    bad = set(operators) - set("+-*")
-    if not operators or bad:
-        raise ValueError(f"config key 'operators': use characters from '+-*', got {operators!r}")
-    if digits < 1:
-        raise ValueError(f"config key 'digits': must be >= 1, got {digits}")
-    lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
-    total = (hi - lo + 1) ** 2 * len(operators)
-    rng = random.Random(seed)
-    if eval_size >= total:
-        raise ValueError(f"config key 'eval_size': {eval_size} leaves no training problems (only {total} exist)")
-    want = min(total, eval_size + max_train)
-    if total <= 4 * want:  # small space: enumerate and shuffle
-        problems = [(a, op, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1) for op in operators]
-        rng.shuffle(problems)
-        problems = problems[:want]
-    else:  # large space: rejection-sample distinct problems
-        seen: set = set()
-        while len(seen) < want:
-            seen.add((rng.randint(lo, hi), rng.choice(operators), rng.randint(lo, hi)))
-        problems = sorted(seen)
-        rng.shuffle(problems)
-
-    def make(a, op, b):
-        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return Example(f"What is {a} {op} {b}?", {"answer": answer})
-
-    examples = [make(*p) for p in problems]
-    return Task("arithmetic", train=examples[eval_size:], eval=examples[:eval_size], reward=final_number)
 
 
 def _builtin_rewards() -> dict:
@@ -161,69 +122,12 @@ def parse_reward_spec(spec: str) -> list[tuple[str, Callable, float]]:
     return parts
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl, .csv or .parquet file, or of a `datasets` folder (its 'train' split)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"task file not found: {path}")
-    if path.is_dir():
-        try:
-            import datasets
-        except ImportError:
-            raise ImportError(f"{path} is a folder: reading a saved dataset needs `pip install datasets`") from None
-        ds = datasets.load_from_disk(str(path))
-        return [dict(r) for r in (ds["train"] if isinstance(ds, datasets.DatasetDict) else ds)]
-    if path.suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
-        return rows
-    if path.suffix == ".csv":
-        import csv
-
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"reading {path} needs `pip install pyarrow`") from None
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"config key 'task': {path} is not .jsonl, .csv, .parquet or a dataset folder")
-
-
-def file_task(path: str | Path, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
-              prompt_field: str = "prompt", answer_field: str = "answer") -> Task:
-    """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field`
-    is passed to the reward as `answer`. After a seeded shuffle the first eval_size rows (at most
-    half) are held out and never trained on."""
-    rows = read_rows(path)
-    if not rows:
-        raise ValueError(f"{path}: the dataset is empty")
-    examples = []
-    for n, row in enumerate(rows, 1):
-        if prompt_field not in row:
-            raise ValueError(f"{path}: row {n} has no field '{prompt_field}' (set prompt_field; fields: {sorted(row)})")
-        row = dict(row)
-        prompt = row.pop(prompt_field)
-        if answer_field != "answer" and answer_field in row:
-            row["answer"] = row.pop(answer_field)
-        examples.append(Example(prompt, row))
-    if len(examples) < 2:
-        raise ValueError(f"{path}: needs at least 2 rows (train and eval), found {len(examples)}")
-    random.Random(seed).shuffle(examples)
-    n_eval = min(eval_size, len(examples) // 2)
-    return Task(Path(path).stem, train=examples[n_eval:], eval=examples[:n_eval], reward=parse_reward_spec(reward))
-
-
 def get_task(name: str, *, reward: str = "", digits: int = 2, operators: str = "+", eval_size: int = 200,
              seed: int = 0, prompt_field: str = "prompt", answer_field: str = "answer", on_error: str = "raise") -> Task:
     """A built-in task or a data file; a non-empty `reward` spec replaces the task's own reward."""
     if name == "arithmetic":
+        from nanorl.tasks.arithmetic import arithmetic
+
         task = arithmetic(digits=digits, operators=operators, eval_size=eval_size, seed=seed)
     elif name == "countdown":
         from nanorl.tasks.countdown import countdown_task
@@ -239,6 +143,8 @@ def get_task(name: str, *, reward: str = "", digits: int = 2, operators: str = "
 
         task = gsm8k_task(name[len("gsm8k:"):], eval_size=eval_size, seed=seed)
     elif Path(name).suffix in (".jsonl", ".csv", ".parquet") or Path(name).is_dir():
+        from nanorl.tasks.files import file_task
+
         task = file_task(name, reward=reward or "final_number", eval_size=eval_size, seed=seed,
                          prompt_field=prompt_field, answer_field=answer_field)
     else:

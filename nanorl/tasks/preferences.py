@@ -96,7 +96,7 @@ def arithmetic_preferences(n: int = 400, seed: int = 0) -> list[dict]:
     """The shipped set: two-digit additions from the arithmetic task's *training* split (its held-out
     split is never used), a concise correct answer preferred over a typical failure of small models:
     a carry mistake, an off-by-one, a wrong number in a sentence, or a reply that never answers."""
-    from nanorl.tasks import arithmetic
+    from nanorl.tasks.arithmetic import arithmetic
 
     rng = random.Random(seed)
     rows = []
