@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,8 @@ class RunConfig(ModelConfig):
 
     out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
+    report_to: str = _f("console", "besides the run folder's JSONL files: console (a line per step), tensorboard, wandb; comma-separated, or none")
+    max_bad_steps: int = _f(3, "stop after this many steps in a row whose updates were skipped for a NaN/inf gradient (0 = never)")
     lora_r: int = _f(0, "LoRA rank: train peft adapters only (0 = full fine-tuning); --model may also be an adapter folder")
     lora_alpha: float = _f(32.0, "LoRA scale alpha (the update is alpha / r * B A)")
     lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
@@ -228,6 +232,8 @@ CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_corr
 AT_LEAST_ONE = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size",
                 "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k")
 POSITIVE = ("temperature", "lr", "critic_lr", "beta")
+NON_NEGATIVE = ("max_bad_steps", "warmup_steps", "save_every", "top_k", "kl_coef", "weight_decay", "grad_clip",
+                "rm_weight", "rule_weight", "critic_lr", "value_clip", "target_kl", "label_smoothing")
 
 
 def _convert(key: str, typ, value):
@@ -279,9 +285,16 @@ def from_dict(cls, values: dict):
 def validate(cfg) -> None:
     """Cheap sanity checks of any config, run before any model is loaded."""
     has = {f.name for f in dataclasses.fields(cfg)}
+    for name in has:
+        value = getattr(cfg, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"config key '{name}': must be a finite number, got {value}")
     for name in has & set(AT_LEAST_ONE):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
+    for name in has & set(NON_NEGATIVE):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"config key '{name}': must be >= 0, got {getattr(cfg, name)}")
     for name in has & set(POSITIVE):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"config key '{name}': must be > 0, got {getattr(cfg, name)}")
@@ -292,6 +305,12 @@ def validate(cfg) -> None:
         raise ConfigError(f"config keys 'lora_r' >= 0, 'lora_alpha' > 0 and 'lora_dropout' 0 (nanorl keeps dropout off so "
                           f"the rollout and the update see the same function), got {cfg.lora_r}, {cfg.lora_alpha}, "
                           f"{cfg.lora_dropout}")
+    if isinstance(cfg, RunConfig):
+        for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
+            if name not in ("console", "tensorboard", "wandb", "none"):
+                raise ConfigError(f"config key 'report_to': unknown logger {name!r} (console, tensorboard, wandb, none)")
+            if name in ("tensorboard", "wandb") and importlib.util.find_spec(name) is None:
+                raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OfflineConfig):

@@ -24,6 +24,7 @@ Deviations from the paper, each deliberate:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch
 from nanorl import checkpoint
 from nanorl.advantages import ESTIMATORS
 from nanorl.config import ConfigError, GRPOConfig, validate
-from nanorl.learner import make_optimizer, optimizer_step
+from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty
@@ -91,7 +92,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
     pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
-    logger = make_logger(out, append=resuming)
+    logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg)
     describe(cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
              backend, out)
     kl_in_reward = ref is not None and cfg.kl_placement == "reward"  # else the KL is a loss term (if any)
@@ -102,6 +103,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
                                 cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
     start = checkpoint.load_state(ckpt, opt, sched)["step"] if resuming else 0
     first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, cfg.algo)
     for step in bar:
         # -------------------------------------------------------------- rollout + reward
@@ -156,6 +158,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
                                         backend=backend, ref=None if kl_in_reward else ref, loss_agg=cfg.loss_agg,
                                         ratio_level=cfg.ratio_level, learner_old=learner_old)
                 stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
+                stats["skipped"] = int(not math.isfinite(stats["grad_norm"]))  # a non-finite update was skipped
                 merge_stats(sums, stats)
         sampler.sync_weights(policy)
         t3 = time.perf_counter()
@@ -175,6 +178,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
             last = run_eval(sampler, tok, task, cfg, logger, out, step + 1)
             metrics.update(last)
         logger.log(metrics, step + 1)
+        bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
         bar.set_postfix(postfix(metrics))
         if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
             checkpoint.save(ckpt, policy, tok, opt, sched, step + 1)

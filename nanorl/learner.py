@@ -50,10 +50,24 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, flo
 
 def optimizer_step(model, opt, sched, grad_clip: float) -> float:
     """Clip the global grad norm, step, advance the schedule, free the gradients (set to None: the
-    rollout of the next step runs without them, 0.5 GiB less for the 135M model). Returns the pre-clip norm."""
+    rollout of the next step runs without them, 0.5 GiB less for the 135M model). Returns the pre-clip norm.
+    A NaN or infinite norm (a non-finite loss or gradient anywhere) skips the update: the weights and AdamW's
+    state stay as they were, the schedule still advances, and the caller sees the non-finite norm."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    opt.step()
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf")).item()
+    if math.isfinite(norm):
+        opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
-    return norm.item()
+    return norm
+
+
+def count_bad_steps(skipped: int, bad: int, limit: int, step: int) -> int:
+    """Steps in a row with updates skipped for a non-finite gradient (optimizer_step); after `limit` of them
+    the run stops: the weights are those of the last good update, and every checkpoint written is intact."""
+    bad = bad + 1 if skipped else 0
+    if limit and bad >= limit:
+        raise RuntimeError(f"{bad} steps in a row (up to step {step}) had a NaN or infinite loss or gradient; their "
+                           f"updates were skipped and the run stops here (max_bad_steps {limit}). Look for a reward "
+                           f"or a learning rate that is not finite, or lower the learning rate.")
+    return bad

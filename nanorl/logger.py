@@ -1,17 +1,22 @@
-"""Loggers: what the loops call to record a run. JSONL files in the run folder by default; a no-op for
-processes that are not the main one. A tracker (TensorBoard, W&B) is another class with these methods.
+"""Loggers: what the loops call to record a run. metrics.jsonl / eval.jsonl / samples.jsonl in the run folder
+always, a one-line summary of every step on the console, and trackers (integrations/trackers.py) when asked;
+processes that are not the main one record nothing.
 
-    logger = make_logger(out_dir, append=resuming)   # JsonlLogger on the main process, NullLogger elsewhere
+    logger = make_logger(out_dir, report_to="console,tensorboard", append=resuming, total_steps=40, config=cfg)
     logger.log(metrics, step)                        # metrics.jsonl: one line per step
     logger.log_eval(metrics, step)                   # eval.jsonl: one line per evaluation
     logger.log_samples(records, step)                # samples.jsonl: a few completions with their rewards
     logger.close()
+
+A new tracker is a class with these four methods, added to TRACKERS in integrations/trackers.py.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from nanorl import distributed
 
@@ -43,14 +48,36 @@ class JsonlLogger:
             f.close()
 
 
-class NullLogger:
-    """Records nothing: the logger of every process but the main one."""
+# The console line: (metric, label, format), the first of each row's keys that a step has.
+CONSOLE = (
+    (("reward/mean",), "reward", "{:.3f}"), (("reward/acc",), "acc", "{:.2f}"), (("train/loss",), "loss", "{:.4f}"),
+    (("train/acc",), "acc", "{:.2f}"), (("rollout/len_mean",), "len", "{:.0f}"),
+    (("loss/kl", "reward/kl_penalty"), "kl", "{:.4f}"), (("optim/skipped_updates",), "skipped", "{:d}"),
+    (("time/step",), "", "{:.1f} s"),
+)
+
+
+def console_line(metrics: dict, step: int, total: int | None) -> str:
+    """'step 12/40 reward 0.340 acc 0.31 len 14 kl 0.0020 7.6 s' from a step's metrics."""
+    parts = [f"step {step}/{total}" if total else f"step {step}"]
+    for keys, label, fmt in CONSOLE:
+        key = next((k for k in keys if k in metrics and (label != "kl" or metrics[k])), None)
+        if key is not None and (label != "skipped" or metrics[key]):
+            parts.append((f"{label} " if label else "") + fmt.format(metrics[key]))
+    return " ".join(parts)
+
+
+class ConsoleLogger:
+    """One line per step, also when the output is not a terminal (logs, CI, nohup); beside the progress bar."""
+
+    def __init__(self, total_steps: int | None = None):
+        self.total = total_steps
 
     def log(self, metrics: dict, step: int) -> None:
-        pass
+        tqdm.write(console_line(metrics, step, self.total))
 
     def log_eval(self, metrics: dict, step: int) -> None:
-        pass
+        pass  # the loops print their evaluations themselves
 
     def log_samples(self, records: list[dict], step: int) -> None:
         pass
@@ -59,5 +86,38 @@ class NullLogger:
         pass
 
 
-def make_logger(out_dir: Path, append: bool = False):
-    return JsonlLogger(out_dir, append) if distributed.is_main() else NullLogger()
+class Loggers:
+    """Several loggers as one."""
+
+    def __init__(self, loggers: list):
+        self.loggers = loggers
+
+    def log(self, metrics: dict, step: int) -> None:
+        for lg in self.loggers:
+            lg.log(metrics, step)
+
+    def log_eval(self, metrics: dict, step: int) -> None:
+        for lg in self.loggers:
+            lg.log_eval(metrics, step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        for lg in self.loggers:
+            lg.log_samples(records, step)
+
+    def close(self) -> None:
+        for lg in self.loggers:
+            lg.close()
+
+
+def make_logger(out_dir: Path, report_to: str = "console", append: bool = False, total_steps: int | None = None,
+                config=None):
+    """JSONL always, plus each of `report_to` (comma-separated: console, tensorboard, wandb; or none), on the main
+    process only; the other processes get Loggers([]), which records nothing."""
+    if not distributed.is_main():
+        return Loggers([])
+    from nanorl.integrations.trackers import tracker
+
+    chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
+    others = [ConsoleLogger(total_steps) if n == "console" else tracker(n, Path(out_dir), config, append)
+              for n in chosen]
+    return Loggers([JsonlLogger(out_dir, append), *others])

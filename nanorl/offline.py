@@ -9,6 +9,7 @@ and saves the final model. Stats are reported as means per row.
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -21,7 +22,7 @@ from nanorl import checkpoint, distributed
 from nanorl.backends import select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import encode_reply
-from nanorl.learner import make_optimizer, optimizer_step
+from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.models import load_model, resolve_device, stop_token_ids, trainable
 from nanorl.sampling import LocalSampler
@@ -40,7 +41,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS")  # LoRA when cfg.lora_r > 0
     model.eval()  # no dropout: the reference pass and the update see the same function
     out = Path(cfg.out_dir)
-    logger = make_logger(out)
+    logger = make_logger(out, cfg.report_to, config=cfg)
     if distributed.is_main():
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
@@ -74,7 +75,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     opt, sched = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
     first = last = run_eval(0)
     bar = tqdm(total=total, desc=name, dynamic_ncols=True, disable=None)
-    step = 0
+    step = bad_steps = 0
     for epoch in range(cfg.epochs):
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, epoch, "offline"))
         order = torch.randperm(len(rows), generator=shuffle).tolist()
@@ -90,16 +91,18 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 sums["loss"] = sums.get("loss", 0.0) + loss.item() * len(batch) / norm  # reported per row
-            grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)
+            grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
             step += 1
             # ---------------------------------------------------------- log / eval
             metrics = {"epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
-                       "optim/grad_norm": grad_norm, "optim/lr": sched.get_last_lr()[0],
+                       "optim/grad_norm": grad_norm, "optim/skipped_updates": int(not math.isfinite(grad_norm)),
+                       "optim/lr": sched.get_last_lr()[0],
                        "time/step": time.perf_counter() - t0, "time/elapsed": time.perf_counter() - t_start}
             if step % cfg.eval_every == 0 or step == total:
                 last = run_eval(step)
                 metrics.update(last)
             logger.log(metrics, step)
+            bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
     bar.close()

@@ -18,6 +18,7 @@ Deviations: dropout stays off; advantages are whitened over the whole batch once
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import torch
 from nanorl import checkpoint
 from nanorl.advantages import gae, whiten
 from nanorl.config import ConfigError, PPOConfig, validate
-from nanorl.learner import make_optimizer, optimizer_step
+from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty, value_loss
@@ -70,7 +71,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
     check_context(cfg, policy, tok, task)
     critic, _ = load_reward_model(str(critic_ckpt) if resuming else (cfg.critic_model or cfg.model), device, dtype)
     critic = trainable(critic, cfg, "SEQ_CLS").eval()  # LoRA on the critic too when cfg.lora_r > 0; no dropout
-    logger = make_logger(out, append=resuming)
+    logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg)
     describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
              device, backend, out)
     batch = cfg.prompts_per_step * G
@@ -87,6 +88,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
         critic_sched.load_state_dict(state["critic_scheduler"])
         start = state["step"]
     first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, "ppo")
     for step in bar:
         # -------------------------------------------------------------- rollout + reward
@@ -134,6 +136,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=False, pad_id=pad_id, device=device,
                                         backend=backend, learner_old=learner_old)
                 stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
+                stats["skipped"] = int(not math.isfinite(stats["grad_norm"]))  # a non-finite update was skipped
                 merge_stats(sums, stats)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]
                 n_tokens = int(mask[mb].sum())  # the critic's normaliser: tokens of the whole minibatch
@@ -171,6 +174,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
             last = run_eval(sampler, tok, task, cfg, logger, out, step + 1)
             metrics.update(last)
         logger.log(metrics, step + 1)
+        bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
         bar.set_postfix(postfix(metrics))
         if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
             checkpoint.save(critic_ckpt, critic, tok)  # the critic first: the policy's checkpoint marks the step

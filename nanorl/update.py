@@ -3,7 +3,7 @@ backward of one minibatch, and the update's metrics. The loops (grpo.py, ppo.py)
 which rows train; this file turns them into gradients.
 
     stats = policy_backward(policy, roll, adv, rows, cfg, on_policy=True, pad_id=pad, device=dev, backend=be)
-    stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
+    stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)   # NaN / inf: the update is skipped
     merge_stats(sums, stats)
     metrics = update_metrics(sums, optimizer_steps)
 """
@@ -137,4 +137,5 @@ def update_metrics(sums: dict, opt_steps: int) -> dict:
             "policy/sampler_logp_diff": sums["logp_diff"] / tt, "policy/approx_kl": sums["approx_kl"] / tt,
             "policy/dual_clip_frac": sums["dual_clipped"] / tt,
             "policy/is_ratio_mean": sums["is_ratio"] / tt if any_tokens else 1.0, "policy/is_cut_frac": sums["is_cut"] / tt,
-            "policy/trained_tokens": sums["tokens"], "optim/grad_norm": sums["grad_norm"] / opt_steps}
+            "policy/trained_tokens": sums["tokens"], "optim/grad_norm": sums["grad_norm"] / opt_steps,
+            "optim/skipped_updates": sums["skipped"]}

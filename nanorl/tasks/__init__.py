@@ -16,6 +16,7 @@ Built-in tasks live beside this file (arithmetic.py, countdown.py, code.py, sql.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -49,14 +50,14 @@ class Task:
         parts, errors = {}, 0
         for name, fn, _ in self.parts():
             batch = getattr(fn, "batch", None)
-            if batch is not None:
-                parts[name] = [float(r) for r in batch([e.prompt for e in examples], completions,
-                                                       [e.fields for e in examples])]
-                continue
+            scored = batch([e.prompt for e in examples], completions, [e.fields for e in examples]) if batch else None
             values = []
-            for ex, completion in zip(examples, completions):
-                try:
-                    values.append(float(fn(ex.prompt, completion, **ex.fields)))
+            for i, (ex, completion) in enumerate(zip(examples, completions)):
+                try:  # a reward must be a finite number: NaN or inf would reach every weight through the update
+                    value = float(scored[i] if batch else fn(ex.prompt, completion, **ex.fields))
+                    if not math.isfinite(value):
+                        raise ValueError(f"the reward is {value}, not a finite number")
+                    values.append(value)
                 except Exception as e:
                     if self.on_error != "zero":  # name the input that broke the reward
                         raise RuntimeError(f"reward '{name}' of task '{self.name}' failed on prompt {ex.prompt!r} "
