@@ -228,12 +228,21 @@ CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_corr
            "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
            "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"),
            "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge")}
-# Keys that must be >= 1 and keys that must be > 0, for every config that has them.
-AT_LEAST_ONE = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size",
-                "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k")
-POSITIVE = ("temperature", "lr", "critic_lr", "beta")
-NON_NEGATIVE = ("max_bad_steps", "warmup_steps", "save_every", "top_k", "kl_coef", "weight_decay", "grad_clip",
-                "rm_weight", "rule_weight", "critic_lr", "value_clip", "target_kl", "label_smoothing")
+# What each key allows, for every config that has it: a test of the value, and what to say when it fails.
+RULES = {
+    **dict.fromkeys(("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size",
+                     "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k"), (lambda v: v >= 1, ">= 1")),
+    **dict.fromkeys(("max_bad_steps", "warmup_steps", "save_every", "top_k", "kl_coef", "weight_decay", "grad_clip",
+                     "rm_weight", "rule_weight", "value_clip", "target_kl", "entropy_coef", "dynamic_sampling",
+                     "lora_r"), (lambda v: v >= 0, ">= 0")),
+    **dict.fromkeys(("temperature", "lr", "critic_lr", "beta", "lora_alpha"), (lambda v: v > 0, "> 0")),
+    **dict.fromkeys(("gamma", "gae_lambda"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"), "is_cap": (lambda v: v > 1, "> 1"),
+    "clip_ratio_c": (lambda v: v == 0 or v > 1, "> 1, or 0 = off"),
+    "lora_dropout": (lambda v: v == 0, "0: nanorl runs every model without dropout, so the rollout and the update "
+                                       "see the same function"),
+}
 
 
 def _convert(key: str, typ, value):
@@ -289,22 +298,13 @@ def validate(cfg) -> None:
         value = getattr(cfg, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"config key '{name}': must be a finite number, got {value}")
-    for name in has & set(AT_LEAST_ONE):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"config key '{name}': must be >= 1, got {getattr(cfg, name)}")
-    for name in has & set(NON_NEGATIVE):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"config key '{name}': must be >= 0, got {getattr(cfg, name)}")
-    for name in has & set(POSITIVE):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"config key '{name}': must be > 0, got {getattr(cfg, name)}")
+    for name in has & set(RULES):
+        ok, allowed = RULES[name]
+        if not ok(getattr(cfg, name)):
+            raise ConfigError(f"config key '{name}': must be {allowed}, got {getattr(cfg, name)!r}")
     for name in has & set(CHOICES):
         if getattr(cfg, name) not in CHOICES[name]:
             raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {getattr(cfg, name)!r}")
-    if isinstance(cfg, RunConfig) and (cfg.lora_r < 0 or cfg.lora_alpha <= 0 or cfg.lora_dropout != 0):
-        raise ConfigError(f"config keys 'lora_r' >= 0, 'lora_alpha' > 0 and 'lora_dropout' 0 (nanorl keeps dropout off so "
-                          f"the rollout and the update see the same function), got {cfg.lora_r}, {cfg.lora_alpha}, "
-                          f"{cfg.lora_dropout}")
     if isinstance(cfg, RunConfig):
         for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
             if name not in ("console", "tensorboard", "wandb", "none"):
@@ -313,18 +313,7 @@ def validate(cfg) -> None:
                 raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
-    if isinstance(cfg, OfflineConfig):
-        if not 0 < cfg.eval_fraction < 1:
-            raise ConfigError(f"config key 'eval_fraction': must be in (0, 1), got {cfg.eval_fraction}")
-        if isinstance(cfg, DPOConfig) and not 0 <= cfg.label_smoothing < 0.5:
-            raise ConfigError(f"config key 'label_smoothing': must be in [0, 0.5), got {cfg.label_smoothing}")
     if isinstance(cfg, OnlineConfig):
-        if not 0 < cfg.top_p <= 1:
-            raise ConfigError(f"config key 'top_p': must be in (0, 1], got {cfg.top_p}")
-        if cfg.clip_ratio_c and cfg.clip_ratio_c <= 1 or cfg.clip_ratio_c < 0:
-            raise ConfigError(f"config key 'clip_ratio_c': must be > 1 (or 0 = off), got {cfg.clip_ratio_c}")
-        if cfg.is_cap <= 1 or cfg.entropy_coef < 0:
-            raise ConfigError(f"config keys 'is_cap' > 1 and 'entropy_coef' >= 0, got {cfg.is_cap}, {cfg.entropy_coef}")
         if cfg.rule_weight == 0 and not cfg.reward_model:
             raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' too")
         batch = cfg.prompts_per_step * cfg.samples_per_prompt
@@ -338,10 +327,6 @@ def validate(cfg) -> None:
         if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
             raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
                               f"got {cfg.overlong_buffer}")
-        if cfg.dynamic_sampling < 0:
-            raise ConfigError(f"config key 'dynamic_sampling': must be >= 0 extra rounds, got {cfg.dynamic_sampling}")
-    if isinstance(cfg, PPOConfig) and not (0 <= cfg.gamma <= 1 and 0 <= cfg.gae_lambda <= 1):
-        raise ConfigError(f"config keys 'gamma' and 'gae_lambda': must be in [0, 1], got {cfg.gamma}, {cfg.gae_lambda}")
 
 
 def preset(algo: str, **overrides) -> GRPOConfig:

@@ -102,6 +102,8 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
     opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
                                 cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
     start = checkpoint.load_state(ckpt, opt, sched)["step"] if resuming else 0
+    if resuming:
+        logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
     first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, cfg.algo)

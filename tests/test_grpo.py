@@ -106,7 +106,7 @@ def test_resume_continues_from_checkpoint(tmp_path):
     assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     train(GRPOConfig(steps=5, resume=True, **base), toy_task())
     steps = [x["step"] for x in _metrics(tmp_path)]
-    assert steps == [1, 2, 3, 3, 4, 5]  # resumed after the step-2 checkpoint: step 3 is redone
+    assert steps == [1, 2, 3, 4, 5]  # resumed after the step-2 checkpoint: step 3 redone, written once
 
 
 def test_cli_train_and_eval(tmp_path):

@@ -67,7 +67,7 @@ def test_lora_checkpoints_resume_and_an_adapter_folder_continues(tmp_path):
     train(GRPOConfig(out_dir=str(run), resume=True, **{**SMALL, "steps": 3, "save_every": 1, "merge_lora": False}),
           toy_task())
     assert (run / "checkpoint" / "adapter_config.json").is_file()
-    assert [x["step"] for x in _metrics(run)] == [1, 2, 2, 3]  # the repeated step 2 is issue 21's to fix
+    assert [x["step"] for x in _metrics(run)] == [1, 2, 3]  # step 2 redone after the step-1 checkpoint, once
     model, _ = load_model(str(run / "model"))  # an adapter folder loads as base + adapter
     assert hasattr(model, "peft_config")
     out = train(GRPOConfig(out_dir=str(tmp_path / "more"), **{**SMALL, "model": str(run / "model"), "lora_r": 0}),

