@@ -6,7 +6,7 @@
     nanorl dpo [--data prefs.jsonl] [--key value ...]     # DPO / IPO / hinge on preference pairs
     nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
     nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
-    nanorl plot RUN_DIR [--out curve.png]                 # reward and held-out accuracy curves
+    nanorl plot RUN_DIR [RUN_DIR ...] [--out curve.png]   # every curve of the runs, overlaid
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ def main(argv: list[str] | None = None) -> None:
         elif command == "eval":
             eval_main(parse_args(EvalConfig, rest))
         elif command == "plot":
-            from nanorl.integrations.plot import plot_run
+            from nanorl.integrations.plot import plot_runs
 
-            p = argparse.ArgumentParser(prog="nanorl plot", description="Plot a run folder's curves.")
-            p.add_argument("run_dir")
-            p.add_argument("--out", help="PNG path (default: RUN_DIR/curve.png)")
+            p = argparse.ArgumentParser(prog="nanorl plot", description="Plot run folders' curves, overlaid.")
+            p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+            p.add_argument("--out", help="PNG path (default: RUN_DIR/curve.png for one run, curves.png for several)")
             a = p.parse_args(rest)
-            print(plot_run(a.run_dir, a.out))
+            print(plot_runs(a.run_dirs, a.out))
         else:
             raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval or plot)")
     except (ConfigError, FileNotFoundError) as e:

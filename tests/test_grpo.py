@@ -146,3 +146,28 @@ def test_plot_writes_png(tmp_path):
                      max_new_tokens=4, eval_every=1, save_every=0), toy_task())
     png = plot_run(tmp_path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_overlays_runs_of_every_command(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from nanorl.config import SFTConfig
+    from nanorl.integrations.plot import SERIES, _points, _read, plot_runs
+    from nanorl.sft import train as sft_train
+
+    for name in ("a", "b"):
+        train(GRPOConfig(model="tiny", out_dir=str(tmp_path / name), steps=2, prompts_per_step=2, samples_per_prompt=2,
+                         max_new_tokens=4, eval_every=1, save_every=0, lr=float(name == "a") + 1e-3), toy_task())
+    rows = [{"prompt": f"q{i}", "completion": "aaaa"} for i in range(8)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sft_train(SFTConfig(model="tiny", data=str(tmp_path / "sft.jsonl"), out_dir=str(tmp_path / "sft"), batch_size=4,
+                        task="", eval_every=1))  # no reward, no accuracy: loss curves
+    png = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_runs([tmp_path / "sft"]).name == "curve.png"
+    drawn = [k for f, k, _ in SERIES if _points(_read(tmp_path / "sft" / f"{f}.jsonl"), k)[0]]
+    assert "train/loss" in drawn and "eval/nll_per_token" in drawn and "reward/mean" not in drawn
+    r = subprocess.run([sys.executable, "-m", "nanorl.cli", "plot", str(tmp_path / "a"), str(tmp_path / "sft"), "--out",
+                        str(tmp_path / "mixed.png")], capture_output=True, text=True)
+    assert r.returncode == 0 and (tmp_path / "mixed.png").is_file(), r.stderr[-2000:]

@@ -1,15 +1,47 @@
-"""Plot a run: training reward and held-out accuracy against steps and wall-clock minutes.
+"""Plot runs: every curve a run folder has, against steps, one panel each, several runs overlaid.
 
-    nanorl plot runs/grpo            # writes runs/grpo/curve.png (needs matplotlib: pip install matplotlib)
+    nanorl plot runs/grpo                       # writes runs/grpo/curve.png (needs matplotlib)
+    nanorl plot runs/grpo runs/dapo --out cmp.png   # two runs on the same axes
+
+Works on the folder of any command (train, ppo, dpo, sft, rm): a panel is drawn for each series below that
+the runs have, and its axes fit the data.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+# (file, key, title): a panel for each series that some run has, unless it is 0 throughout (a KL when none was used).
+SERIES = [
+    ("metrics", "reward/mean", "train reward (mean)"),
+    ("eval", "eval/greedy_acc", "held-out greedy accuracy"),
+    ("eval", "eval/task_greedy_acc", "held-out task greedy accuracy"),
+    ("eval", "eval/reward_acc", "held-out implicit-reward accuracy"),
+    ("eval", "eval/pref_acc", "held-out preference accuracy"),
+    ("metrics", "train/loss", "train loss"),
+    ("eval", "eval/loss", "held-out loss"),
+    ("eval", "eval/nll_per_token", "held-out NLL per token"),
+    ("metrics", "loss/kl", "KL to the reference (loss)"),
+    ("metrics", "reward/kl_penalty", "KL penalty in the reward"),
+    ("metrics", "policy/entropy", "policy entropy (nats)"),
+    ("metrics", "rollout/len_mean", "completion length (tokens)"),
+    ("metrics", "policy/clip_frac", "clip fraction"),
+    ("metrics", "time/step", "seconds per step"),
+]
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _points(rows: list[dict], key: str) -> tuple[list, list]:
+    pts = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def plot_runs(run_dirs: list, out: str | Path | None = None) -> Path:
     try:
         import matplotlib
 
@@ -17,26 +49,34 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("nanorl plot needs matplotlib: pip install matplotlib") from None
-    run_dir = Path(run_dir)
-    for name in ("metrics.jsonl", "eval.jsonl"):
-        if not (run_dir / name).is_file():
-            raise FileNotFoundError(f"{run_dir / name} not found: is {run_dir} a nanorl run folder?")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    minutes = {m["step"]: m["time/elapsed"] / 60 for m in metrics}
-    minutes[0] = 0.0
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, x_of, label in ((axes[0], lambda s: s, "step"), (axes[1], lambda s: minutes.get(s, 0.0), "minutes")):
-        ax.plot([x_of(m["step"]) for m in metrics], [m["reward/mean"] for m in metrics], alpha=0.5,
-                label="train reward (mean)")
-        ax.plot([x_of(e["step"]) for e in evals], [e["eval/greedy_acc"] for e in evals], "o-",
-                label="held-out greedy accuracy")
-        ax.set_xlabel(label)
-        ax.set_ylim(0, 1)
+    runs = [Path(d) for d in run_dirs]
+    for d in runs:
+        if not (d / "metrics.jsonl").is_file():
+            raise FileNotFoundError(f"{d / 'metrics.jsonl'} not found: is {d} a nanorl run folder?")
+    data = {d: {"metrics": _read(d / "metrics.jsonl"), "eval": _read(d / "eval.jsonl")} for d in runs}
+    panels = [(f, k, t) for f, k, t in SERIES if any(v != 0 for d in runs for v in _points(data[d][f], k)[1])]
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, (f, key, title) in zip(axes.flat, panels):
+        for d in runs:
+            x, y = _points(data[d][f], key)
+            ax.plot(x, y, "o-" if f == "eval" else "-", ms=3, alpha=0.8, label=d.name)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="lower right")
-    fig.suptitle(run_dir.name)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if len(runs) > 1:
+        axes.flat[0].legend(fontsize=7)
+    fig.suptitle(", ".join(d.name for d in runs))
     fig.tight_layout()
-    out = Path(out) if out else run_dir / "curve.png"
+    out = Path(out) if out else (runs[0] / "curve.png" if len(runs) == 1 else Path("curves.png"))
     fig.savefig(out, dpi=110)
+    plt.close(fig)
     return out
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """One run: RUN_DIR/curve.png unless `out` is given."""
+    return plot_runs([run_dir], out)
