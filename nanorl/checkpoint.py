@@ -45,10 +45,8 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
 
 def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:
     """The final model: as it is, or for a LoRA run the adapter merged into its base (or the adapter alone)."""
-    if hasattr(model, "peft_config"):
-        from nanorl.integrations.lora import save_final as save_lora
-
-        return save_lora(model, tok, Path(path), merge_lora)
+    if hasattr(model, "peft_config") and merge_lora:
+        model = model.merge_and_unload()  # the run is over: the adapters' wrappers are no longer needed
     save(path, model, tok)
 
 

@@ -8,7 +8,7 @@ processes that are not the main one record nothing.
     logger.log_samples(records, step)                # samples.jsonl: a few completions with their rewards
     logger.close()
 
-A new tracker subclasses Logger, overriding what it records, and joins TRACKERS in integrations/trackers.py.
+A new tracker implements these methods (and rewind) and joins TRACKERS in integrations/trackers.py.
 """
 
 from __future__ import annotations

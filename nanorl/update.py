@@ -18,11 +18,13 @@ from nanorl.logprobs import AUTO, token_logprobs
 from nanorl.losses import kl_penalty, loss_weights, mismatch_weights, policy_loss
 
 
-def rows_batch(roll, idx, pad_id: int, device, old: list[torch.Tensor] | None = None):
-    """A training Batch of rollout rows `idx`, with the sampler's log-probs (or `old`'s) as extra["old"]."""
-    old = roll.logprobs if old is None else old
-    return collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device,
-                   {"old": [old[i] for i in idx]})
+def rows_batch(roll, idx, pad_id: int, device, learner_old: list[torch.Tensor] | None = None):
+    """A training Batch of rollout rows `idx`, with the sampler's log-probs as extra["old"] (and, when given, the
+    learner's own as extra["learner_old"])."""
+    per_token = {"old": [roll.logprobs[i] for i in idx]}
+    if learner_old is not None:
+        per_token["learner_old"] = [learner_old[i] for i in idx]
+    return collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device, per_token)
 
 
 def micro_batches(rows: list[int], roll, size: int) -> list[list[int]]:
@@ -80,12 +82,11 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
              "logp_diff": 0.0, "approx_kl": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf"),
              "dual_clipped": 0.0, "is_ratio": 0.0, "is_cut": 0.0}
     for idx in micro_batches(rows, roll, cfg.micro_batch_size):
-        mb_batch = rows_batch(roll, idx, pad_id, device)
+        mb_batch = rows_batch(roll, idx, pad_id, device, learner_old)
         mask, sampler_logp = mb_batch.loss_mask, mb_batch.extra["old"]  # (b, C)
         logp, entropy = token_logprobs(policy, mb_batch, cfg.temperature, with_entropy=True, backend=backend)  # (b, C)
-        old = logp.detach() if on_policy else sampler_logp  # on-policy: ratio exactly 1, no extra forward
-        if learner_old is not None and not on_policy:
-            old = rows_batch(roll, idx, pad_id, device, learner_old).extra["old"]  # (b, C)
+        old = logp.detach() if on_policy else mb_batch.extra.get("learner_old", sampler_logp)  # (b, C)
+        # on-policy: ratio exactly 1, no extra forward; off-policy: the learner's own pi_old, else the sampler's
         a = adv[idx][:, :logp.shape[1]] if adv.dim() == 2 else adv[idx][:, None]  # (b, C) per token, or (b, 1)
         per_token, st = policy_loss(logp, old, a.to(device), mask, cfg.clip_low, cfg.clip_high, ratio_level,
                                     cfg.clip_ratio_c)

@@ -4,7 +4,7 @@ size (Hu et al. 2021, arXiv 2106.09685).
     model = add_adapters(model, cfg)               # cfg.lora_r > 0: peft LoRA on the linear projections
     ref = AdapterOff(model)                        # the reference: the same weights with the adapters off
     model, tok = load_adapter(folder, dev, dtype)  # continue from a saved adapter (its base model is read back)
-    save_final(model, tok, folder, merge=True)     # a merged model any `from_pretrained` loads
+    checkpoint.save_final(folder, model, tok)      # merged: a model any `from_pretrained` loads
 
 A saved adapter folder holds peft's adapter_config.json and adapter weights; `base_model_name_or_path` in
 it names the model the adapter was trained on (as it was given to nanorl: an alias, a folder or a hub id).
@@ -76,12 +76,3 @@ class AdapterOff(torch.nn.Module):
     def forward(self, **kwargs):
         with self.model.disable_adapter():
             return self.model(**kwargs)
-
-
-def save_final(model, tok, path: Path, merge: bool) -> None:
-    """The final model: the adapter alone, or (merge) the base with the adapter folded into its weights."""
-    from nanorl import checkpoint
-
-    if merge:
-        model = model.merge_and_unload()  # the run is over: the adapters' wrappers are no longer needed
-    checkpoint.save(path, model, tok)

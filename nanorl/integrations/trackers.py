@@ -12,14 +12,22 @@ import dataclasses
 import math
 from pathlib import Path
 
-from nanorl.logger import Logger
+
+class _Tracker:
+    """The logger interface (nanorl/logger.py, Logger) for a tracker: metrics and evaluations only."""
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        pass
+
+    def rewind(self, step: int) -> None:
+        pass  # a tracker keeps what it was sent; a resumed run logs the redone steps again
 
 
 def _numbers(metrics: dict) -> dict:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(_Tracker):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -40,7 +48,7 @@ class TensorBoardLogger(Logger):
         self.writer.close()
 
 
-class WandbLogger(Logger):
+class WandbLogger(_Tracker):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
         try:
             import wandb
