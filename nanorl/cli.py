@@ -18,6 +18,7 @@ import sys
 
 from nanorl.config import (ConfigError, DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig,
                            parse_args)
+from nanorl.tasks import RewardSetupError
 
 TRAINERS = {"train": ("nanorl.grpo", GRPOConfig), "ppo": ("nanorl.ppo", PPOConfig), "dpo": ("nanorl.dpo", DPOConfig),
             "sft": ("nanorl.sft", SFTConfig), "rm": ("nanorl.reward_model", RMConfig)}
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             print(plot_runs(a.run_dirs, a.out))
         else:
             raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval or plot)")
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, RewardSetupError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)
 

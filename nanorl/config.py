@@ -55,6 +55,7 @@ class TaskConfig:
     reward: str = _f("", "reward spec replacing the task's own: 'math=1,answer_tag=0.2', module:function, file.py:function")
     prompt_field: str = _f("prompt", "data files: the column holding the prompt (string or chat messages)")
     answer_field: str = _f("answer", "data files: the column passed to the reward as `answer`")
+    acc_threshold: float = _f(1.0, "accuracy metrics count a completion correct when its reward is >= this (mean reward is logged too)")
     reward_errors: str = _f("raise", "a reward that raises: raise (stop, naming prompt and completion) | zero (score 0, count)")
     digits: int = _f(2, "arithmetic: digits per operand")
     operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
@@ -270,9 +271,11 @@ def _convert(key: str, typ, value):
 
 def from_dict(cls, values: dict):
     """Build `cls` from a dict; unknown keys and wrong types raise ConfigError naming the key."""
+    from nanorl.integrations.trl import resolve_names
+
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    clean = {}
+    clean, values = {}, resolve_names(cls, values)  # TRL's names for the same thing; did-you-mean for typos
     if "algo" in names:
         algo = str(values.get("algo", "grpo"))
         if algo == "ppo":
@@ -281,10 +284,7 @@ def from_dict(cls, values: dict):
         if algo not in PRESETS:
             raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
         values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
-    for key, value in values.items():
-        name = key.replace("-", "_")
-        if name not in names:
-            raise ConfigError(f"unknown config key '{key}' (see `{COMMANDS.get(cls, 'nanorl train')} --help`)")
+    for name, value in values.items():
         clean[name] = _convert(name, hints[name], value)
     cfg = cls(**clean)
     validate(cfg)
@@ -351,9 +351,14 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
                             metavar=typing.get_type_hints(cls)[f.name].__name__.upper(),
                             help=f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%"))
     args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        key = unknown[0].lstrip("-").split("=")[0].replace("-", "_")
-        raise ConfigError(f"unknown config key '{key}' (see `{prog} --help`)")
+    extra: dict = {}  # other flags (TRL's names, typos) go to from_dict, which renames them or says what to write
+    for i, item in enumerate(unknown):
+        if item.startswith("--"):
+            key, eq, value = item[2:].partition("=")
+            has_value = not eq and i + 1 < len(unknown) and not unknown[i + 1].startswith("--")
+            extra[key] = value if eq else (unknown[i + 1] if has_value else "true")
+        elif i == 0 or not unknown[i - 1].startswith("--") or "=" in unknown[i - 1]:
+            raise ConfigError(f"unexpected argument {item!r} (flags are --key value; see `{prog} --help`)")
     values: dict = {}
     if args.config:
         import yaml
@@ -366,4 +371,4 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
             raise ConfigError(f"config file {path}: expected a mapping of key: value")
         values.update(loaded)
     values.update({k: v for k, v in vars(args).items() if k != "config"})
-    return from_dict(cls, values)
+    return from_dict(cls, {**values, **extra})

@@ -21,7 +21,7 @@ from nanorl.losses import dpo_loss
 from nanorl.logprobs import AUTO, sequence_logprobs
 from nanorl.offline import encode_rows, fit, sampler_for, setup
 from nanorl.tasks import get_task
-from nanorl.tasks.preferences import load_preferences, split
+from nanorl.tasks.preferences import read_pairs
 
 
 def pair_batch(rows, pad_id, device):
@@ -42,7 +42,7 @@ def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torc
 
 def train(cfg: DPOConfig) -> dict:
     # ------------------------------------------------------------------ setup
-    train_pairs, eval_pairs = split(load_preferences(cfg.data), cfg.eval_fraction, cfg.seed)
+    train_pairs, eval_pairs = read_pairs(cfg.data, "preference", cfg.eval_fraction, cfg.seed)
     task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
     policy, tok, device, backend, logger = setup(cfg, "dpo")
     pad = tok.pad_token_id

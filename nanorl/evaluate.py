@@ -14,7 +14,7 @@ from nanorl.sampling import SamplingParams
 def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
              system_prompt: str = "", batch_prompts: int = 64, seed: int = 1234):
     """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)).
-    Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= 1. With k > 1
+    Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= task.acc_threshold (1 by default). With k > 1
     also pass@k: fraction of prompts with at least one of k sampled completions correct (Chen et al. 2021,
     the unbiased estimator with n = k samples). The seed is the evaluation's own: every run and every
     model are scored on the same draws."""
@@ -29,11 +29,11 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
             ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
             out = sampler.generate(ids, n, params, seed + start)
             texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
-            scores = task.score([chunk[i // n] for i in range(len(texts))], texts)
+            scores = task.score([chunk[i // n] for i in range(len(texts))], texts, completion_ids=out.completion_ids)
             for i, (comp, text, r) in enumerate(zip(out.completion_ids, texts, scores)):
                 ex = chunk[i // n]
                 rewards.append(r)
-                correct.append(r >= 1.0)
+                correct.append(r >= task.acc_threshold)
                 lengths.append(len(comp))
                 if name == "greedy":
                     samples.append({"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields})

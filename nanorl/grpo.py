@@ -42,10 +42,8 @@ from nanorl.models import stop_token_ids
 from nanorl.online import (check_context, describe, due, finish, first_eval, informative_groups, load_models, postfix,
                            prepare, progress, prompt_order, reward_metrics, rollout_and_score, rollout_metrics,
                            run_eval, sample_records, time_metrics)
-from nanorl.rewards import overlong_penalty
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
-from nanorl.tasks import Task
 from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
 
 
@@ -68,6 +66,17 @@ def sequence_kl(ref, roll, cfg: GRPOConfig, pad_id: int, device, backend) -> tor
     return torch.cat(out)
 
 
+def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): 0 up to max_len - buffer tokens,
+    then a linear ramp down to -1 at max_len (and -1 beyond). Added to the task reward."""
+    start = max_len - buffer
+    if length <= start:
+        return 0.0
+    if length <= max_len:
+        return (start - length) / buffer
+    return -1.0
+
+
 def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor | None, list[bool]]:
     """The one place `overlong` is read -> (a reward penalty (N,) or None, which rows may train).
     soft: DAPO eq. 13, a penalty ramping 0 -> -1 over the last `overlong_buffer` tokens; filter: DAPO's
@@ -81,18 +90,20 @@ def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor | None, list[bool
     return None, keep
 
 
-def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
+def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_funcs=None, callbacks=()) -> dict:
+    """From Python, besides the config: a Task or a datasets.Dataset, reward functions (nanorl's or TRL's form),
+    a model object (a PreTrainedModel or PeftModel) with its tokenizer, and callbacks fn(step, metrics)."""
     # ------------------------------------------------------------------ setup
     if not isinstance(cfg, GRPOConfig):
         raise ConfigError(f"nanorl.grpo.train takes a GRPOConfig, got {type(cfg).__name__} (PPO: nanorl.ppo.train)")
     validate(cfg)
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
-    device, backend, dtype, task, resuming = prepare(cfg, task, ckpt)  # device, backend, seeds, the task; resume?
-    policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
+    cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, model, reward_funcs)  # seeds, task, resume?
+    policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer)
     pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
-    logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg)
+    logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
     describe(cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
              backend, out)
     kl_in_reward = ref is not None and cfg.kl_placement == "reward"  # else the KL is a loss term (if any)
@@ -113,7 +124,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
         examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
         seed = derive_seed(cfg.seed, step, "rollout")
         roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
-                                                        backend)  # (N,)
+                                                        backend, step)  # (N,)
         first_rewards, refills = rewards, 0
         while cfg.dynamic_sampling:  # DAPO eq. 11: keep only groups whose rewards differ; refill the batch
             keep = informative_groups(rewards, G)
@@ -128,7 +139,8 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
             more = [task.train[i] for i in random.Random(derive_seed(cfg.seed, step, "refill", refills)).sample(
                 range(len(task.train)), cfg.prompts_per_step)]
             r2, t2, rw2, _ = rollout_and_score(sampler, tok, task, rm, more, cfg,
-                                               derive_seed(cfg.seed, step, "rollout", refills), timer, device, backend)
+                                               derive_seed(cfg.seed, step, "rollout", refills), timer, device, backend,
+                                               step)
             examples, roll, texts, rewards = examples + more, roll + r2, texts + t2, torch.cat([rewards, rw2])
         batch = len(roll.completion_ids)
         t2 = time.perf_counter()
@@ -167,7 +179,7 @@ def train(cfg: GRPOConfig, task: Task | None = None) -> dict:
 
         # -------------------------------------------------------------- log / eval / checkpoint
         metrics = {
-            **reward_metrics(first_rewards, parts, G),
+            **reward_metrics(first_rewards, parts, G, task.acc_threshold),
             "reward/trained_mean": rewards.mean().item(), "reward/shaped_mean": shaped.mean().item(),
             "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills, "rollout/groups": batch // G,
             "rollout/informative_groups": len(informative_groups(rewards, G)),

@@ -134,8 +134,18 @@ class Loggers(Logger):
             lg.close()
 
 
+class Callback(Logger):
+    """A function from Python called as fn(step, metrics) after every step: train(cfg, callbacks=[fn])."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.fn(step, metrics)
+
+
 def make_logger(out_dir: Path, report_to: str = "console", append: bool = False, total_steps: int | None = None,
-                config=None):
+                config=None, callbacks=()):
     """JSONL always, plus each of `report_to` (comma-separated: console, tensorboard, wandb; or none), on the main
     process only; the other processes get Loggers([]), which records nothing."""
     if not distributed.is_main():
@@ -145,4 +155,5 @@ def make_logger(out_dir: Path, report_to: str = "console", append: bool = False,
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
     others = [ConsoleLogger(total_steps) if n == "console" else tracker(n, Path(out_dir), config, append)
               for n in chosen]
+    others += [c if isinstance(c, Logger) else Callback(c) for c in callbacks]  # a Logger sees evals and samples too
     return Loggers([JsonlLogger(out_dir, append), *others])

@@ -38,9 +38,19 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
         tok = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
     model.config._name_or_path = name  # as given (an alias stays an alias): what a saved adapter names as its base
+    return model, check_tokenizer(tok, name)
+
+
+def check_tokenizer(tok, name: str):
+    """A tokenizer with an EOS token (completions must end) and a pad token (the EOS one if it has none)."""
+    if tok.eos_token_id is None:
+        from nanorl.config import ConfigError
+
+        raise ConfigError(f"model {name}: its tokenizer has no EOS token, so no completion could end "
+                          f"(set tokenizer.eos_token, e.g. to the chat template's end-of-turn token)")
     if tok.pad_token_id is None:  # masks come from positions, so any id works as padding
         tok.pad_token = tok.eos_token
-    return model, tok
+    return tok
 
 
 def trainable(model, cfg, task_type: str = "CAUSAL_LM"):

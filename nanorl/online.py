@@ -12,6 +12,8 @@ Each is a plain function the loop calls where the reader can see it:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import random
 import shutil
@@ -29,10 +31,10 @@ from nanorl.data import encode_reply, render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.logprobs import AUTO
 from nanorl.integrations.lora import AdapterOff, is_adapter
-from nanorl.models import load_model, resolve_device, trainable
+from nanorl.models import check_tokenizer, load_model, resolve_device, trainable
 from nanorl.sampling import SamplingParams
 from nanorl.seeds import derive_seed
-from nanorl.tasks import Task, task_from_config
+from nanorl.tasks import Task, parse_reward_spec, task_from_config
 
 
 def prompt_order(n_train: int, seed: int, step: int, count: int) -> list[int]:
@@ -51,17 +53,29 @@ def sampling_params(cfg: OnlineConfig) -> SamplingParams:
 # ---------------------------------------------------------------------------- setup
 
 
-def prepare(cfg: OnlineConfig, task: Task | None, ckpt: Path):
-    """The first lines of every online loop -> device, backend, the weights' dtype, the task, whether `ckpt` is
-    resumed. The backend's process settings are taken and the global RNGs seeded, before any model exists."""
+def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
+    """The first lines of every online loop -> the config as run, device, backend, the weights' dtype, the task,
+    whether `ckpt` is resumed. The backend's process settings are taken and the global RNGs seeded, and every
+    reward checked against the data, before any model exists. A task (or datasets.Dataset), reward functions or
+    a model given from Python are recorded in the config (config.json) by name."""
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    task = task or task_from_config(cfg)
-    task.on_error = cfg.reward_errors  # also for a Task built in Python
-    return device, backend, dtype, task, check_resume(cfg, ckpt)
+    used = {"reward": ",".join(getattr(f, "__name__", "reward") for f in reward_funcs)} if reward_funcs else {}
+    if isinstance(task, Task):
+        task.reward = parse_reward_spec(reward_funcs) if reward_funcs else task.reward
+        task.on_error, task.acc_threshold = cfg.reward_errors, cfg.acc_threshold
+        used["task"] = f"python:{task.name}"
+    else:  # a name in the config, or a datasets.Dataset / DatasetDict
+        used.update({"task": f"python:{type(task).__name__}"} if task is not None else {})
+        task = task_from_config(cfg, source=task, reward=reward_funcs)
+    if model is not None:
+        used["model"] = f"python:{type(model).__name__}:{getattr(model.config, '_name_or_path', '')}"
+    cfg = dataclasses.replace(cfg, **used)
+    task.check()
+    return cfg, device, backend, dtype, task, check_resume(cfg, ckpt)
 
 
 # keys a resumed run may change: where it stops and what it reports, not what it computes
@@ -90,17 +104,25 @@ def check_resume(cfg, ckpt: Path) -> bool:
     return False
 
 
-def load_models(cfg: OnlineConfig, device, dtype, start_from: str):
-    """The policy (from `start_from`: the model, or the checkpoint being resumed) and its tokenizer, the frozen
-    reference (only when kl_coef > 0), and the frozen reward model with its tokenizer (only with reward_model).
-    Every model stays in eval mode: no dropout, so the rollout and the update see the same function."""
-    policy, tok = load_model(start_from, device, dtype)
+def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, tokenizer=None):
+    """The policy (from `start_from`: the model, or the checkpoint being resumed; or a model object given from
+    Python with its tokenizer) and its tokenizer, the frozen reference (only when kl_coef > 0), and the frozen
+    reward model with its tokenizer (only with reward_model). Every model stays in eval mode: no dropout, so
+    the rollout and the update see the same function."""
+    if model is not None and start_from == cfg.model:
+        if tokenizer is None:
+            raise ConfigError("a model given from Python needs its tokenizer: train(cfg, model=..., tokenizer=...)")
+        policy, tok = model.to(device), check_tokenizer(tokenizer, cfg.model)
+    else:
+        policy, tok = load_model(start_from, device, dtype)
+    start = model if model is not None and not hasattr(model, "peft_config") else None
+    start = copy.deepcopy(start) if start is not None and cfg.kl_coef > 0 else None  # before it trains
     policy = trainable(policy, cfg).eval()  # LoRA adapters when cfg.lora_r > 0
     ref = rm = None
-    if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model):
+    if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model) and start is None:
         ref = AdapterOff(policy)  # the starting model is the base: the adapters off, no second copy
     elif cfg.kl_coef > 0:
-        ref, _ = load_model(cfg.model, device, dtype)
+        ref = start if start is not None else load_model(cfg.model, device, dtype)[0]
         ref.eval().requires_grad_(False)
     if cfg.reward_model:
         from nanorl.reward_model import load_reward_model
@@ -140,7 +162,7 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
 
 
 def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig, seed: int, timer: dict, device,
-                      backend: Backend = AUTO):
+                      backend: Backend = AUTO, step: int = 0):
     """Sample G completions per example and score them. -> rollouts, texts, rewards (N,), and the
     reward's parts {name: (N,)} ("task" for a single rule, plus "rm" with a reward model);
     rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
@@ -152,9 +174,10 @@ def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig,
     timer["tokens"] += sum(len(c) for c in roll.completion_ids)
     t = time.perf_counter()
     texts = [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
-    named, total, errors = task.score_parts([examples[i // G] for i in range(len(texts))], texts)
+    named, total, errors = task.score_parts([examples[i // G] for i in range(len(texts))], texts,
+                                            completion_ids=roll.completion_ids, step=step, steps=cfg.steps)
     timer["reward_errors"] = timer.get("reward_errors", 0) + errors
-    parts = {k: torch.tensor(v) for k, v in named.items()}
+    parts = {k: torch.tensor([float("nan") if x is None else x for x in v]) for k, v in named.items()}  # NaN: skipped
     rewards = cfg.rule_weight * torch.tensor(total)
     if rm is not None:
         parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)
@@ -183,11 +206,11 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
     return (r.amax(dim=1) > r.amin(dim=1)).nonzero().flatten().tolist()
 
 
-def reward_metrics(rewards: torch.Tensor, parts: dict, G: int) -> dict:
+def reward_metrics(rewards: torch.Tensor, parts: dict, G: int, threshold: float = 1.0) -> dict:
     out = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-           "reward/acc": (next(iter(parts.values())) >= 1).float().mean().item(),  # of the first rule part
+           "reward/acc": (next(iter(parts.values())) >= threshold).float().mean().item(),  # of the first rule part
            "reward/frac_groups_with_variance": len(informative_groups(rewards, G)) / (len(rewards) // G)}
-    out.update({f"reward/{k}_mean": v.mean().item() for k, v in parts.items()})
+    out.update({f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()})  # over the samples it scored
     return out
 
 

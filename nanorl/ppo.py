@@ -38,7 +38,6 @@ from nanorl.online import (check_context, describe, due, finish, first_eval, loa
 from nanorl.reward_model import load_reward_model, token_values
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
-from nanorl.tasks import Task
 from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
 
 
@@ -57,21 +56,23 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return (1 - (returns[m] - values[m]).var(correction=0) / var).item() if var > 0 else float("nan")
 
 
-def train(cfg: PPOConfig, task: Task | None = None) -> dict:
+def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict:
+    """From Python, besides the config: a Task or a datasets.Dataset, reward functions (nanorl's or TRL's form),
+    and callbacks fn(step, metrics)."""
     # ------------------------------------------------------------------ setup
     if not isinstance(cfg, PPOConfig):
         raise ConfigError(f"nanorl.ppo.train takes a PPOConfig, got {type(cfg).__name__}")
     validate(cfg)
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     critic_ckpt = out / "checkpoint_critic"
-    device, backend, dtype, task, resuming = prepare(cfg, task, ckpt)  # device, backend, seeds, the task; resume?
+    cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task, resume?
     policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
     pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
     critic, _ = load_reward_model(str(critic_ckpt) if resuming else (cfg.critic_model or cfg.model), device, dtype)
     critic = trainable(critic, cfg, "SEQ_CLS").eval()  # LoRA on the critic too when cfg.lora_r > 0; no dropout
-    logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg)
+    logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
     describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
              device, backend, out)
     batch = cfg.prompts_per_step * G
@@ -97,7 +98,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
         examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
         seed = derive_seed(cfg.seed, step, "rollout")
         roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
-                                                        backend)  # (N,)
+                                                        backend, step)  # (N,)
         t2 = time.perf_counter()
 
         # -------------------------------------------------------------- values, KL, per-token rewards
@@ -161,7 +162,7 @@ def train(cfg: PPOConfig, task: Task | None = None) -> dict:
         # -------------------------------------------------------------- log / eval / checkpoint
         n_mb, m = epochs_run * (batch // mb_size), mask.bool()
         metrics = {
-            **reward_metrics(rewards, parts, G), "reward/kl_penalty": kl.sum(-1).mean().item(),
+            **reward_metrics(rewards, parts, G, task.acc_threshold), "reward/kl_penalty": kl.sum(-1).mean().item(),
             **rollout_metrics(roll), **update_metrics(sums, n_mb), "optim/lr": sched.get_last_lr()[0],
             "value/loss": vsums["loss"] / n_mb, "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
             "value/explained_variance": explained_variance(old_values, returns, mask),

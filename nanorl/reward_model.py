@@ -24,7 +24,7 @@ from nanorl.logprobs import AUTO
 from nanorl.models import load_model
 from nanorl.offline import encode_rows, fit, setup
 from nanorl.sampling import left_pad
-from nanorl.tasks.preferences import load_preferences, split
+from nanorl.tasks.preferences import read_pairs
 
 
 def load_reward_model(name: str, device, dtype=torch.float32):
@@ -101,7 +101,7 @@ def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUT
 
 def train(cfg: RMConfig) -> dict:
     # ------------------------------------------------------------------ setup
-    train_pairs, eval_pairs = split(load_preferences(cfg.data), cfg.eval_fraction, cfg.seed)
+    train_pairs, eval_pairs = read_pairs(cfg.data, "preference", cfg.eval_fraction, cfg.seed)
     model, tok, device, backend, logger = setup(cfg, "rm", load=load_reward_model)
     pad = tok.pad_token_id
 

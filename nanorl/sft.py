@@ -1,13 +1,13 @@
 """SFT: supervised fine-tuning on prompt/reply pairs, the warm-up many small models need before RL.
 
     nanorl sft                                   # SmolLM2-135M-Instruct on the shipped set's chosen replies
-    nanorl sft --data rows.jsonl                 # {prompt, completion} or {messages} rows
+    nanorl sft --data rows.jsonl                 # {prompt, completion}, {messages} or {text} rows (any format datasets reads)
     nanorl sft --model tiny --epochs 1           # smoke run
 
 The loss is the mean negative log-likelihood of the reply tokens (EOS included), over all reply
 tokens of the batch; prompt tokens are never trained on (they are not even scored: `token_logprobs`
-computes logits only at reply positions). For a multi-turn transcript, the last assistant message
-is the reply and the turns before it are the prompt.
+computes logits only at reply positions). In a conversation ({messages}) every assistant turn is a reply
+and the other turns are context (a per-token weight of 0); a {text} row trains on every token.
 """
 
 from __future__ import annotations
@@ -17,28 +17,30 @@ import torch
 from nanorl.config import SFTConfig
 from nanorl.data import collate
 from nanorl.evaluate import evaluate
-from nanorl.logprobs import AUTO, sequence_logprobs
-from nanorl.offline import encode_rows, fit, sampler_for, setup
+from nanorl.logprobs import AUTO, token_logprobs
+from nanorl.offline import fit, sampler_for, setup
 from nanorl.tasks import get_task
-from nanorl.tasks.preferences import load_replies, split
+from nanorl.tasks.preferences import encode_sft, read_pairs
 
 
 def reply_nll(model, rows, pad_id, device, backend=AUTO):
-    """Summed negative log-likelihood of the reply tokens of `rows`, and their token count."""
-    logp, n = sequence_logprobs(model, collate([r["prompt"] for r in rows], [r["chosen"] for r in rows], pad_id,
-                                               device), backend=backend)  # (b,), (b,)
-    return -logp.sum(), int(n.sum())
+    """Summed negative log-likelihood of the trained tokens of `rows` (weight 1), and their count."""
+    b = collate([r["prompt"] for r in rows], [r["chosen"] for r in rows], pad_id, device,
+                per_token={"weight": [torch.tensor(r.get("weight", [1.0] * len(r["chosen"]))) for r in rows]})
+    logp, _ = token_logprobs(model, b, backend=backend)  # (b, C)
+    w = b.loss_mask * b.extra["weight"]  # (b, C)
+    return -(logp * w).sum(), int(w.sum())
 
 
 def train(cfg: SFTConfig) -> dict:
     # ------------------------------------------------------------------ setup
-    train_data, eval_data = split(load_replies(cfg.data), cfg.eval_fraction, cfg.seed)
+    train_data, eval_data = read_pairs(cfg.data, "sft", cfg.eval_fraction, cfg.seed)
     task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
     model, tok, device, backend, logger = setup(cfg, "sft")
     pad = tok.pad_token_id
 
-    train_rows = encode_rows(tok, train_data, cfg, fields=("chosen",))  # the reply is stored as "chosen"
-    eval_rows = encode_rows(tok, eval_data, cfg, fields=("chosen",))
+    train_rows = encode_sft(tok, train_data, cfg)  # the reply is stored as "chosen"
+    eval_rows = encode_sft(tok, eval_data, cfg)
     print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out rows from {cfg.data}; "
           f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
 
@@ -63,4 +65,4 @@ def train(cfg: SFTConfig) -> dict:
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "sft",
-               normaliser=lambda batch: sum(len(r["chosen"]) for r in batch))
+               normaliser=lambda batch: sum(sum(r["weight"]) for r in batch))

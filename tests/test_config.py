@@ -17,8 +17,8 @@ def test_defaults_and_overrides(tmp_path):
 
 
 def test_unknown_key_is_an_error_naming_it(tmp_path):
-    with pytest.raises(ConfigError, match="learning_rate"):
-        parse_args(GRPOConfig, ["--learning-rate", "1e-5"])
+    with pytest.raises(ConfigError, match="larning_rate.*did you mean .learning_rate"):
+        parse_args(GRPOConfig, ["--larning-rate", "1e-5"])
     f = tmp_path / "bad.yaml"
     f.write_text("stepz: 3\n")
     with pytest.raises(ConfigError, match="stepz"):

@@ -53,7 +53,7 @@ def test_preference_files_and_their_errors(tmp_path):
     got = load_preferences(f)
     assert got[0].prompt == [{"role": "user", "content": "hi"}] and got[0].chosen == "hello" and got[0].rejected == "go"
     f.write_text(json.dumps({"prompt": "x", "chosen": "a"}) + "\n")
-    with pytest.raises(ValueError, match=r"p.jsonl:1: missing field 'rejected'"):
+    with pytest.raises(ValueError, match=r"p.jsonl: row 1: missing field 'rejected'"):
         load_preferences(f)
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_preferences(tmp_path / "missing.jsonl")

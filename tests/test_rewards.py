@@ -1,4 +1,5 @@
-from nanorl.rewards import contains, exact, extract_final_number, final_number, overlong_penalty
+from nanorl.grpo import overlong_penalty
+from nanorl.tasks.rewards import contains, exact, extract_final_number, final_number
 
 
 def test_final_number_takes_the_last_number():
@@ -62,7 +63,7 @@ def test_countdown_reward_right_wrong_malformed_adversarial():
 
 
 def test_format_rewards():
-    from nanorl.rewards import answer_tag, length_penalty, think_answer_format
+    from nanorl.tasks.rewards import answer_tag, length_penalty, think_answer_format
 
     assert think_answer_format("", "<think>a</think>\n<answer>b</answer>") == 1.0
     assert think_answer_format("", "<answer>b</answer><think>a</think>") == 0.0
@@ -86,7 +87,7 @@ def test_reward_specs_composition_and_user_functions(tmp_path):
     named, total, errors = task.score_parts([Example("q", {"answer": 3})] * 2, ["<answer>3</answer>", "NO"])
     assert named == {"final_number": [1.0, 0.0], "answer_tag": [1.0, 0.0], "shout": [0.0, 1.0]}
     assert total == [1.5, 0.25] and errors == 0
-    assert load_reward("nanorl.rewards:exact")("", "x", answer="x") == 1.0
+    assert load_reward("nanorl.tasks.rewards:exact")("", "x", answer="x") == 1.0
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
         parse_reward_spec("nope=1")
     with pytest.raises(ValueError, match="weight of 'exact'"):

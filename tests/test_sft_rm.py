@@ -21,16 +21,18 @@ def test_sft_loss_is_reply_tokens_only():
 
     model, tok = tiny_model_and_tokenizer(seed=4)
     rows = [{"prompt": tok("the prompt")["input_ids"], "chosen": tok("ok!")["input_ids"] + [tok.eos_token_id]},
-            {"prompt": tok("q")["input_ids"], "chosen": tok("a longer reply")["input_ids"] + [tok.eos_token_id]}]
+            {"prompt": tok("q")["input_ids"], "chosen": tok("a longer reply")["input_ids"] + [tok.eos_token_id]},
+            {"prompt": tok("c")["input_ids"], "chosen": tok("ab")["input_ids"], "weight": [0.0, 1.0]}]  # a turn between
     nll, n = reply_nll(model, rows, tok.pad_token_id, "cpu")
     expect, count = 0.0, 0
-    for r in rows:  # reference: a plain forward over prompt + reply, scoring only the reply positions
+    for r in rows:  # reference: a plain forward over prompt + reply, scoring only the trained reply positions
         ids = torch.tensor([r["prompt"] + r["chosen"]])
         logp = F.log_softmax(model(ids).logits[0, :-1], -1)
         targets = ids[0, 1:]
         start = len(r["prompt"]) - 1  # position that predicts the first reply token
-        expect -= logp[start:].gather(-1, targets[start:, None]).sum().item()
-        count += len(r["chosen"])
+        w = torch.tensor(r.get("weight", [1.0] * len(r["chosen"])))
+        expect -= (logp[start:].gather(-1, targets[start:, None])[:, 0] * w).sum().item()
+        count += int(w.sum())
     assert n == count and abs(nll.item() - expect) < 1e-4
 
 
@@ -42,7 +44,7 @@ def test_sft_lowers_reply_nll_and_reads_every_format(tmp_path):
     rows += [{"messages": [{"role": "user", "content": f"m{i}"}, {"role": "assistant", "content": "aaaa"}]}
              for i in range(12)]
     data = _rows(tmp_path, rows)
-    assert [r.chosen for r in load_replies(data)] == ["aaaa"] * 24
+    assert [r.chosen or r.turns[-1]["content"] for r in load_replies(data)] == ["aaaa"] * 24
     assert load_replies("builtin:arithmetic")[0].chosen  # a preference file trains on its chosen replies
     result = train(SFTConfig(model="tiny", data=data, out_dir=str(tmp_path / "run"), epochs=8, batch_size=8,
                              micro_batch_size=3, lr=1e-2, lr_schedule="constant", task="", warmup_steps=0,

@@ -16,16 +16,36 @@ Built-in tasks live beside this file (arithmetic.py, countdown.py, code.py, sql.
 
 from __future__ import annotations
 
+import inspect
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from nanorl.config import ConfigError
 
 
 @dataclass
 class Example:
     prompt: str | list[dict]
     fields: dict = field(default_factory=dict)
+
+
+class RewardSetupError(RuntimeError):
+    """A reward that fails for a reason that is not the sample (its signature, an import, a missing column):
+    it stops the run whatever `reward_errors` says."""
+
+
+def _value(v, batched: bool):
+    """A reward's value as a float; None only where a batched (TRL) reward skips the sample."""
+    if v is None and batched:
+        return None
+    if v is None or isinstance(v, (str, bytes)):
+        raise TypeError(f"the reward is {v!r}, not a number")
+    if not math.isfinite(float(v)):  # NaN or inf would reach every weight through the update
+        raise ValueError(f"the reward is {v}, not a finite number")
+    return float(v)
 
 
 @dataclass
@@ -35,29 +55,56 @@ class Task:
     eval: list[Example]
     reward: Callable[..., float]  # one reward, or a list of (name, reward, weight) parts
     on_error: str = "raise"  # a reward that raises: "raise" (stop, naming the input) or "zero" (score 0, count it)
+    acc_threshold: float = 1.0  # accuracy metrics count a completion correct when its reward is >= this
 
     def __post_init__(self):
         if not self.train:
-            raise ValueError(f"task '{self.name}': the training split is empty")
+            raise ConfigError(f"task '{self.name}': the training split is empty")
 
     def parts(self) -> list[tuple[str, Callable, float]]:
-        return self.reward if isinstance(self.reward, list) else [("task", self.reward, 1.0)]
+        from nanorl.integrations.trl import as_reward
 
-    def score_parts(self, examples: list[Example], completions: list[str]):
-        """-> ({part name: rewards}, weighted total rewards, number of reward errors).
-        A reward with a `.batch(prompts, completions, fields)` attribute (e.g. the code sandbox)
-        scores all completions at once, in parallel."""
+        parts = self.reward if isinstance(self.reward, list) else [("task", self.reward, 1.0)]
+        return [(name, as_reward(fn), w) for name, fn, w in parts]
+
+    def check(self) -> None:
+        """Each reward can be called on the first rows' fields (a missing column, a wrong signature): before any
+        model is loaded."""
+        for name, fn, _ in self.parts():
+            for ex in (self.train[0], *self.eval[:1]):
+                try:  # TRL's batched form: every column it names must exist
+                    if hasattr(fn, "arguments"):
+                        inspect.signature(fn.fn).bind(**fn.arguments([ex.prompt], [""], [ex.fields]))
+                    else:
+                        inspect.signature(fn).bind(ex.prompt, "", **ex.fields)
+                except TypeError as e:
+                    raise RewardSetupError(f"reward '{name}' of task '{self.name}' cannot be called on its rows "
+                                           f"(fields: {sorted(ex.fields)}): {e}") from None
+
+    def score_parts(self, examples: list[Example], completions: list[str], completion_ids=None, step: int = 0,
+                    steps: int = 0):
+        """-> ({part name: rewards, None where a TRL-form reward skipped the sample}, weighted totals, number of
+        reward errors). A reward with `.batch(prompts, completions, fields, **context)` (TRL's form, the code
+        sandbox) scores all completions at once; when that call fails, each is scored alone to find which."""
         parts, errors = {}, 0
         for name, fn, _ in self.parts():
-            batch = getattr(fn, "batch", None)
-            scored = batch([e.prompt for e in examples], completions, [e.fields for e in examples]) if batch else None
-            values = []
-            for i, (ex, completion) in enumerate(zip(examples, completions)):
-                try:  # a reward must be a finite number: NaN or inf would reach every weight through the update
-                    value = float(scored[i] if batch else fn(ex.prompt, completion, **ex.fields))
-                    if not math.isfinite(value):
-                        raise ValueError(f"the reward is {value}, not a finite number")
-                    values.append(value)
+            batch, values, ctx = getattr(fn, "batch", None), None, {"step": step, "steps": steps}
+            if batch:
+                try:
+                    values = [_value(v, True) for v in batch([e.prompt for e in examples], completions,
+                                                             [e.fields for e in examples], completion_ids, **ctx)]
+                except RewardSetupError:
+                    raise
+                except Exception:
+                    pass  # a completion broke the batch: each is scored alone below
+            for i, (ex, completion) in enumerate(zip(examples, completions) if values is None else ()):
+                values = [] if i == 0 else values
+                try:
+                    values.append(_value(batch([ex.prompt], [completion], [ex.fields], completion_ids and
+                                               completion_ids[i:i + 1], **ctx)[0] if batch else
+                                         fn(ex.prompt, completion, **ex.fields), bool(batch)))
+                except (RewardSetupError, ImportError, NameError) as e:  # not the sample's fault
+                    raise RewardSetupError(f"reward '{name}' of task '{self.name}': {e}") from e
                 except Exception as e:
                     if self.on_error != "zero":  # name the input that broke the reward
                         raise RuntimeError(f"reward '{name}' of task '{self.name}' failed on prompt {ex.prompt!r} "
@@ -65,21 +112,12 @@ class Task:
                     values.append(0.0)
                     errors += 1
             parts[name] = values
-        total = [sum(w * parts[n][i] for n, _, w in self.parts()) for i in range(len(completions))]
+        total = [sum(w * parts[n][i] for n, _, w in self.parts() if parts[n][i] is not None)
+                 for i in range(len(completions))]
         return parts, total, errors
 
-    def score(self, examples: list[Example], completions: list[str]) -> list[float]:
-        return self.score_parts(examples, completions)[1]
-
-
-def _builtin_rewards() -> dict:
-    from nanorl.rewards import REWARDS
-    from nanorl.tasks.code import code_reward
-    from nanorl.tasks.countdown import countdown_reward
-    from nanorl.tasks.math_answer import math_reward
-    from nanorl.tasks.sql import sql_reward
-
-    return {**REWARDS, "math": math_reward, "code": code_reward, "sql": sql_reward, "countdown": countdown_reward}
+    def score(self, examples: list[Example], completions: list[str], **context) -> list[float]:
+        return self.score_parts(examples, completions, **context)[1]
 
 
 def load_reward(name: str) -> Callable:
@@ -87,11 +125,13 @@ def load_reward(name: str) -> Callable:
     import importlib
     import importlib.util
 
-    builtin = _builtin_rewards()
+    from nanorl.tasks.builtin import builtin_rewards
+
+    builtin = builtin_rewards()
     if name in builtin:
         return builtin[name]
     if ":" not in name:
-        raise ValueError(f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
+        raise ConfigError(f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
                          f"or module:function, or file.py:function)")
     where, fn_name = name.rsplit(":", 1)
     if where.endswith(".py"):
@@ -99,65 +139,60 @@ def load_reward(name: str) -> Callable:
             raise FileNotFoundError(f"reward file not found: {where}")
         spec = importlib.util.spec_from_file_location(Path(where).stem, where)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        sys.path.insert(0, str(Path(where).resolve().parent))  # its helper modules beside it, while it loads
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise ConfigError(f"config key 'reward': {where} failed to load: {type(e).__name__}: {e}") from None
+        finally:
+            sys.path.remove(str(Path(where).resolve().parent))
     else:
-        module = importlib.import_module(where)
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise ConfigError(f"config key 'reward': cannot import {where!r}: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ValueError(f"config key 'reward': {where} has no function {fn_name!r}")
+        raise ConfigError(f"config key 'reward': {where} has no function {fn_name!r}")
     return fn
 
 
-def parse_reward_spec(spec: str) -> list[tuple[str, Callable, float]]:
-    """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]."""
+def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
+    """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]; a list of
+    functions (from Python) -> each with weight 1."""
+    if not isinstance(spec, str):
+        return [(getattr(f, "__name__", "reward"), f, 1.0) for f in spec]
     parts = []
     for item in (x.strip() for x in spec.split(",") if x.strip()):
         name, _, weight = item.partition("=")
         try:
             w = float(weight) if weight else 1.0
         except ValueError:
-            raise ValueError(f"config key 'reward': weight of {name!r} must be a number, got {weight!r}") from None
+            raise ConfigError(f"config key 'reward': weight of {name!r} must be a number, got {weight!r}") from None
         parts.append((name.split(":")[-1] if ":" in name else name, load_reward(name), w))
     if not parts:
-        raise ValueError("config key 'reward': empty reward spec")
+        raise ConfigError("config key 'reward': empty reward spec")
     return parts
 
 
-def get_task(name: str, *, reward: str = "", digits: int = 2, operators: str = "+", eval_size: int = 200,
-             seed: int = 0, prompt_field: str = "prompt", answer_field: str = "answer", on_error: str = "raise") -> Task:
-    """A built-in task or a data file; a non-empty `reward` spec replaces the task's own reward."""
-    if name == "arithmetic":
-        from nanorl.tasks.arithmetic import arithmetic
+def get_task(name, *, reward: str = "", digits: int = 2, operators: str = "+", eval_size: int = 200,
+             seed: int = 0, prompt_field: str = "prompt", answer_field: str = "answer", on_error: str = "raise",
+             acc_threshold: float = 1.0) -> Task:
+    """A built-in task, or data (a file, folder, hub id, or datasets.Dataset); a non-empty `reward` spec replaces
+    the task's own reward."""
+    from nanorl.tasks.builtin import builtin_task
 
-        task = arithmetic(digits=digits, operators=operators, eval_size=eval_size, seed=seed)
-    elif name == "countdown":
-        from nanorl.tasks.countdown import countdown_task
-
-        task = countdown_task(eval_size=eval_size, seed=seed)
-    elif name in ("code", "sql"):  # small hand-written sets: 10 problems held out
-        from nanorl.tasks.code import code_task
-        from nanorl.tasks.sql import sql_task
-
-        task = (code_task if name == "code" else sql_task)(eval_size=min(eval_size, 10), seed=seed)
-    elif name.startswith("gsm8k:"):
-        from nanorl.tasks.math_answer import gsm8k_task
-
-        task = gsm8k_task(name[len("gsm8k:"):], eval_size=eval_size, seed=seed)
-    elif Path(name).suffix in (".jsonl", ".csv", ".parquet") or Path(name).is_dir():
-        from nanorl.tasks.files import file_task
-
-        task = file_task(name, reward=reward or "final_number", eval_size=eval_size, seed=seed,
-                         prompt_field=prompt_field, answer_field=answer_field)
-    else:
-        raise ValueError(f"config key 'task': unknown task {name!r} (use arithmetic, countdown, code, sql, "
-                         f"gsm8k:FILE.jsonl, or a .jsonl / .csv / .parquet file or dataset folder)")
-    if reward:
+    task = builtin_task(name, digits=digits, operators=operators, eval_size=eval_size, seed=seed,
+                        prompt_field=prompt_field, answer_field=answer_field)
+    if reward:  # a spec, or reward functions from Python
         task.reward = parse_reward_spec(reward)
-    task.on_error = on_error
+    task.on_error, task.acc_threshold = on_error, acc_threshold
     return task
 
 
-def task_from_config(cfg) -> Task:
-    """The task a config names (config.TaskConfig's fields: the one place they are read)."""
-    return get_task(cfg.task, reward=cfg.reward, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size,
-                    prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, on_error=cfg.reward_errors)
+def task_from_config(cfg, source=None, reward=None) -> Task:
+    """The task a config names (config.TaskConfig's fields: the one place they are read), or the same settings
+    on a `source` (a datasets.Dataset) and `reward` functions given from Python."""
+    return get_task(cfg.task if source is None else source, reward=reward or cfg.reward, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size,
+                    prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, on_error=cfg.reward_errors,
+                    acc_threshold=cfg.acc_threshold)

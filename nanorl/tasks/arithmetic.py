@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from nanorl.rewards import final_number
+from nanorl.tasks.rewards import final_number
 
 if TYPE_CHECKING:
     from nanorl.tasks import Task

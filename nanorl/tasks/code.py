@@ -83,7 +83,7 @@ def code_reward(prompt, completion: str, tests: list[dict], all_or_nothing: bool
     return score_programs([completion], [tests], all_or_nothing)[0]
 
 
-def _batch(prompts, completions, fields: list[dict]) -> list[float]:
+def _batch(prompts, completions, fields: list[dict], *_, **__) -> list[float]:
     aon = [bool(f.get("all_or_nothing", False)) for f in fields]
     fractions = score_programs(completions, [f["tests"] for f in fields])
     return [float(x == 1.0) if a else x for x, a in zip(fractions, aon)]

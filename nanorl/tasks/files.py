@@ -1,4 +1,14 @@
-"""Tasks from data files: .jsonl, .csv, .parquet, or a folder saved by `datasets.Dataset.save_to_disk`."""
+"""Data through Hugging Face `datasets`: every command reads its rows with `load_rows`.
+
+    train, held_out = load_rows("rows.jsonl")        # .json .jsonl .csv .parquet .arrow .txt, also .gz / .bz2 / .xz / .zst
+    train, held_out = load_rows("saved_folder")      # a folder from `Dataset.save_to_disk`, or a folder of data files
+    train, held_out = load_rows("trl-lib/tldr")      # a hub dataset id (where a network exists)
+    train, held_out = load_rows(dataset)             # a `datasets.Dataset` or `DatasetDict` from Python
+    task = file_task("rows.jsonl", reward="math")    # a task from rows with a prompt and the reward's fields
+
+`held_out` is the source's `test` (or `validation`) split when it has one, else None: the caller then cuts
+its own held-out rows from the training split, after a seeded shuffle.
+"""
 
 from __future__ import annotations
 
@@ -10,63 +20,114 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nanorl.tasks import Task
 
-
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl, .csv or .parquet file, or of a `datasets` folder (its 'train' split)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"task file not found: {path}")
-    if path.is_dir():
-        try:
-            import datasets
-        except ImportError:
-            raise ImportError(f"{path} is a folder: reading a saved dataset needs `pip install datasets`") from None
-        ds = datasets.load_from_disk(str(path))
-        return [dict(r) for r in (ds["train"] if isinstance(ds, datasets.DatasetDict) else ds)]
-    if path.suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
-        return rows
-    if path.suffix == ".csv":
-        import csv
-
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"reading {path} needs `pip install pyarrow`") from None
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"config key 'task': {path} is not .jsonl, .csv, .parquet or a dataset folder")
+BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow", ".txt": "text"}
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
+HELD_OUT = ("test", "validation")
 
 
-def file_task(path: str | Path, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
+def _builder(path: Path) -> str | None:
+    suffixes = [s for s in path.suffixes if s not in COMPRESSED]
+    return BUILDERS.get(suffixes[-1]) if suffixes else None
+
+
+def _bad_json_line(path: Path) -> str | None:
+    """'file:line: ...' for the first line of a JSON Lines file that does not parse (datasets does not say)."""
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"{path}:{n}: not valid JSON ({e})"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path}: unreadable ({e})"
+    return None
+
+
+def _splits(ds) -> tuple:
+    """(train split, held-out split or None) of a Dataset or DatasetDict."""
+    import datasets
+
+    if not isinstance(ds, datasets.DatasetDict):
+        return ds, None
+    names = list(ds)
+    train = "train" if "train" in ds else names[0] if len(names) == 1 else None
+    if train is None:
+        raise ValueError(f"the dataset has splits {names} but no 'train' split")
+    held = next((ds[s] for s in HELD_OUT if s in ds), None)
+    return ds[train], held
+
+
+def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None]:
+    """-> (training rows, held-out rows or None) of a file, a folder, a hub id, or a Dataset / DatasetDict."""
+    from nanorl.config import ConfigError
+
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("reading data needs `pip install datasets`") from None
+    if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+        train, held = _splits(source)
+        return train.to_list(), held.to_list() if held is not None else None
+    path, quiet = Path(str(source)), datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # for this read only: restored below
+    try:
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+            ds = datasets.load_from_disk(str(path))
+        elif path.is_dir():
+            ds = datasets.load_dataset(str(path))
+        elif _builder(path):
+            if not path.is_file():
+                raise FileNotFoundError(f"{what} file not found: {path}")
+            ds = datasets.load_dataset(_builder(path), data_files=str(path))
+        elif path.suffix and not path.exists():
+            raise ConfigError(f"{what} {path}: not a known data format ({', '.join(BUILDERS)}, or a dataset folder)")
+        else:
+            ds = datasets.load_dataset(str(source))  # a hub id
+    except (FileNotFoundError, ConfigError):
+        raise
+    except Exception as e:
+        where = _bad_json_line(path) if _builder(path) == "json" and path.suffix != ".json" else None
+        raise ConfigError(where or f"{what} {source}: cannot be read ({type(e).__name__}: {str(e)[:300]})") from None
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
+    train, held = _splits(ds)
+    return train.to_list(), held.to_list() if held is not None else None
+
+
+def file_task(source, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
               prompt_field: str = "prompt", answer_field: str = "answer") -> Task:
-    """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field`
-    is passed to the reward as `answer`. After a seeded shuffle the first eval_size rows (at most
-    half) are held out and never trained on."""
+    """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field` is also
+    passed to the reward as `answer`. The held-out set is the source's test/validation split (its first
+    eval_size rows) or, without one, the first eval_size rows (at most half) after a seeded shuffle."""
+    from nanorl.config import ConfigError
     from nanorl.tasks import Example, Task, parse_reward_spec
 
-    rows = read_rows(path)
-    if not rows:
-        raise ValueError(f"{path}: the dataset is empty")
-    examples = []
-    for n, row in enumerate(rows, 1):
-        if prompt_field not in row:
-            raise ValueError(f"{path}: row {n} has no field '{prompt_field}' (set prompt_field; fields: {sorted(row)})")
-        row = dict(row)
-        prompt = row.pop(prompt_field)
-        if answer_field != "answer" and answer_field in row:
-            row["answer"] = row.pop(answer_field)
-        examples.append(Example(prompt, row))
-    if len(examples) < 2:
-        raise ValueError(f"{path}: needs at least 2 rows (train and eval), found {len(examples)}")
-    random.Random(seed).shuffle(examples)
-    n_eval = min(eval_size, len(examples) // 2)
-    return Task(Path(path).stem, train=examples[n_eval:], eval=examples[:n_eval], reward=parse_reward_spec(reward))
+    rows, held = load_rows(source, "task")
+    name = Path(str(source)).stem if isinstance(source, (str, Path)) else "dataset"
+
+    def examples(part, label):
+        out = []
+        for n, row in enumerate(part, 1):
+            if prompt_field not in row:
+                raise ConfigError(f"{source}: {label} row {n} has no field '{prompt_field}' (set prompt_field; "
+                                  f"fields: {sorted(row)})")
+            row = dict(row)
+            prompt = row.pop(prompt_field)
+            if answer_field != "answer" and answer_field in row:
+                row["answer"] = row[answer_field]
+            out.append(Example(prompt, row))
+        return out
+
+    train = examples(rows, "train")
+    if held is not None:
+        return Task(name, train=train, eval=examples(held, "held-out")[:eval_size], reward=parse_reward_spec(reward))
+    if len(train) < 2:
+        raise ConfigError(f"{source}: needs at least 2 rows (train and eval), found {len(train)}")
+    random.Random(seed).shuffle(train)
+    n_eval = min(eval_size, len(train) // 2)
+    return Task(name, train=train[n_eval:], eval=train[:n_eval], reward=parse_reward_spec(reward))

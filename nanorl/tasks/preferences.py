@@ -1,11 +1,15 @@
-"""Preference data for DPO and reward models: JSONL rows of {prompt, chosen, rejected}.
+"""Preference and SFT data in TRL's formats, read through `datasets` (tasks/files.py: any file, folder or hub id).
 
-    pairs = load_preferences("prefs.jsonl")              # or "builtin:arithmetic" (ships with nanorl)
+    pairs = load_preferences("prefs.jsonl")                   # or "builtin:arithmetic" (ships with nanorl)
+    train, held_out = read_pairs("prefs.parquet", "preference", eval_fraction=0.2)
+    rows = encode_sft(tok, pairs, cfg)                        # SFT rows as token ids with per-token weights
     python -m nanorl.tasks.preferences > arithmetic_prefs.jsonl   # regenerate the shipped set
 
-A prompt is a string or a list of chat messages; chosen / rejected are strings (the assistant's reply)
-or message lists whose last message is the reply. In the conversational form without a `prompt`
-field, chosen and rejected are whole conversations and the prompt is everything before the last turn.
+Preferences: {prompt, chosen, rejected} (explicit prompt), standard (strings) or conversational (a prompt of
+messages, replies as [{"role": "assistant", ...}]); or {chosen, rejected} alone (implicit prompt): two
+conversations that share every turn but the last, or two strings whose common beginning is the prompt.
+SFT rows: {prompt, completion} (either form), {messages} (every assistant turn is trained), {text} (plain
+language modelling: every token is trained), or a preference row (its chosen reply).
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanorl.config import ConfigError
+
 BUILTIN = {"builtin:arithmetic": Path(__file__).with_name("data") / "arithmetic_prefs.jsonl"}
 
 
 @dataclass
 class Pair:
-    prompt: str | list[dict]
+    prompt: str | list[dict] | None  # None: plain text (SFT's `text` rows), no prompt
     chosen: str
     rejected: str
+    turns: list[dict] | None = None  # SFT on a whole conversation: every assistant turn is a reply
 
 
 def _reply(value, where: str, key: str) -> str:
@@ -31,56 +38,117 @@ def _reply(value, where: str, key: str) -> str:
         return value
     if isinstance(value, list) and value and isinstance(value[-1], dict) and "content" in value[-1]:
         return value[-1]["content"]
-    raise ValueError(f"{where}: field '{key}' must be a string or a list of chat messages")
+    raise ConfigError(f"{where}: field '{key}' must be a string or a list of chat messages")
 
 
-def load_preferences(path: str | Path) -> list[Pair]:
-    """Read and check a preference JSONL; every error names the file, the line and the field."""
-    pairs = []
-    for where, row in _jsonl(path, "preference"):
-        for key in ("chosen", "rejected"):
-            if key not in row:
-                raise ValueError(f"{where}: missing field '{key}'")
-        prompt = row.get("prompt")
-        if prompt is None:  # conversational form: the prompt is the conversation before the last turn
-            if not isinstance(row["chosen"], list) or len(row["chosen"]) < 2:
-                raise ValueError(f"{where}: missing field 'prompt'")
-            prompt = row["chosen"][:-1]
-        pairs.append(Pair(prompt, _reply(row["chosen"], where, "chosen"), _reply(row["rejected"], where, "rejected")))
+def _common_prompt(chosen: str, rejected: str) -> str:
+    """The shared beginning of two strings, cut back to a word boundary (TRL's implicit prompt)."""
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    return chosen[:chosen.rfind(" ", 0, n + 1) + 1 if " " in chosen[:n + 1] else 0].rstrip()
+
+
+def preference(row: dict, where: str) -> Pair:
+    for key in ("chosen", "rejected"):
+        if key not in row or row[key] is None:
+            raise ConfigError(f"{where}: missing field '{key}'")
+    chosen, rejected, prompt = row["chosen"], row["rejected"], row.get("prompt")
+    if prompt is None and isinstance(chosen, list):  # implicit prompt, conversational: the turns both share
+        if len(chosen) < 2 or chosen[:-1] != rejected[:-1]:
+            raise ConfigError(f"{where}: without a 'prompt', chosen and rejected must be conversations that share "
+                              f"every turn but the last")
+        prompt = chosen[:-1]
+    elif prompt is None:  # implicit prompt, standard: the common beginning of the two strings
+        prompt = _common_prompt(str(chosen), str(rejected))
+        if not prompt:
+            raise ConfigError(f"{where}: missing field 'prompt' (chosen and rejected share no beginning)")
+        chosen, rejected = chosen[len(prompt):].lstrip(), rejected[len(prompt):].lstrip()
+    return Pair(prompt, _reply(chosen, where, "chosen"), _reply(rejected, where, "rejected"))
+
+
+def reply(row: dict, where: str) -> Pair:
+    if row.get("messages") is not None:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not any(isinstance(m, dict) and m.get("role") == "assistant" for m in msgs):
+            raise ConfigError(f"{where}: 'messages' must be a list of chat messages with an assistant turn")
+        return Pair(None, "", "", turns=msgs)
+    if row.get("text") is not None and row.get("prompt") is None:
+        return Pair(None, str(row["text"]), "")
+    if row.get("prompt") is not None and (row.get("completion") is not None or row.get("chosen") is not None):
+        return Pair(row["prompt"], _reply(row.get("completion", row.get("chosen")), where, "completion"), "")
+    raise ConfigError(f"{where}: expected fields 'prompt' and 'completion', 'messages', 'text', or 'chosen' "
+                      f"(found {sorted(row)})")
+
+
+def read_pairs(source, kind: str, eval_fraction: float = 0.2, seed: int = 0) -> tuple[list[Pair], list[Pair]]:
+    """(train, held-out) Pairs of `kind` 'preference' or 'sft' data: the source's test/validation split is the
+    held-out set when it has one, else a seeded eval_fraction of the rows (see `split`)."""
+    from nanorl.tasks.files import load_rows
+
+    rows, held = load_rows(BUILTIN.get(str(source), source), f"{kind} data")
+    parse = preference if kind == "preference" else reply
+    pairs = [parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)]
+    if held is not None:
+        return pairs, [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)]
     if len(pairs) < 2:
-        raise ValueError(f"{path}: needs at least 2 preference pairs (train and eval), found {len(pairs)}")
-    return pairs
+        raise ConfigError(f"{source}: needs at least 2 rows (train and eval), found {len(pairs)}")
+    return split(pairs, eval_fraction, seed)
 
 
-def _jsonl(path, what: str):
-    """("file:line", row) for each non-empty line; a missing file or bad JSON raises naming it."""
-    path = BUILTIN.get(str(path), Path(path))
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file not found: {path} (or use {', '.join(BUILTIN)})")
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                yield f"{path}:{n}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
+def load_preferences(source) -> list[Pair]:
+    """Every preference pair of the training split, checked; errors name the source, the row and the field."""
+    from nanorl.tasks.files import load_rows
+
+    return [preference(row, f"{source}: row {n}") for n, row in
+            enumerate(load_rows(BUILTIN.get(str(source), source), "preference data")[0], 1)]
 
 
-def load_replies(path: str | Path) -> list[Pair]:
-    """SFT rows as Pair(prompt, reply, ""): {prompt, completion}, {messages} (the last message is the
-    reply; earlier turns are the prompt) or a preference file (its chosen replies)."""
+def load_replies(source) -> list[Pair]:
+    """SFT rows of the training split as Pairs (the reply in `chosen`; `turns` for whole conversations)."""
+    from nanorl.tasks.files import load_rows
+
+    return [reply(row, f"{source}: row {n}") for n, row in
+            enumerate(load_rows(BUILTIN.get(str(source), source), "SFT data")[0], 1)]
+
+
+def encode_conversation(tok, turns: list[dict], max_length: int) -> dict:
+    """A conversation's ids split at its first assistant turn -> {prompt, chosen, weight: 1 on every assistant
+    turn's tokens (its end-of-turn token included), 0 on the turns between}. Each turn's span is found by
+    rendering the conversation up to it, so the chat template decides the tokens."""
+    def ids(msgs, gen=False):
+        return tok(tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False), add_special_tokens=False)["input_ids"]
+
+    full, weight, first = ids(turns), [], None
+    for i, m in enumerate(turns):
+        if m.get("role") == "assistant":
+            start, end = len(ids(turns[:i], gen=True)), len(ids(turns[:i + 1]))
+            if ids(turns[:i + 1]) != full[:end]:
+                raise ConfigError("SFT 'messages': this chat template renders a conversation differently from its "
+                                  "turns (e.g. it drops earlier reasoning), so assistant turns cannot be located")
+            first = start if first is None else first
+            weight += [0.0] * (start - len(weight)) + [1.0] * (end - start)
+    full = full[:len(weight)][:max_length]
+    return {"prompt": full[:first], "chosen": full[first:], "weight": weight[first:len(full)],
+            "cut": len(weight) > max_length}
+
+
+def encode_sft(tok, pairs, cfg) -> list[dict]:
+    """Token ids of each SFT row: a conversation (encode_conversation), plain text (the first token is the
+    context, every later one is trained) or a prompt with its reply (offline.encode_rows)."""
     rows = []
-    for where, row in _jsonl(path, "SFT data"):
-        if "messages" in row:
-            msgs = row["messages"]
-            if not isinstance(msgs, list) or len(msgs) < 2 or msgs[-1].get("role") != "assistant":
-                raise ValueError(f"{where}: 'messages' must end with an assistant message after the prompt")
-            rows.append(Pair(msgs[:-1], msgs[-1]["content"], ""))
-        elif "prompt" in row and ("completion" in row or "chosen" in row):
-            rows.append(Pair(row["prompt"], _reply(row.get("completion", row.get("chosen")), where, "completion"), ""))
+    for p in pairs:
+        if p.turns is not None:
+            rows.append(encode_conversation(tok, p.turns, cfg.max_length))
+        elif p.prompt is None:
+            ids = (tok(p.chosen)["input_ids"] + [tok.eos_token_id])
+            rows.append({"prompt": ids[:1], "chosen": ids[1:cfg.max_length], "cut": len(ids) > cfg.max_length})
         else:
-            raise ValueError(f"{where}: expected fields 'prompt' and 'completion' (or 'messages', or 'chosen')")
-    if len(rows) < 2:
-        raise ValueError(f"{path}: needs at least 2 rows (train and eval), found {len(rows)}")
+            from nanorl.offline import encode_rows
+
+            rows += encode_rows(tok, [p], cfg, fields=("chosen",))
+    for r in rows:
+        r.setdefault("weight", [1.0] * len(r["chosen"]))
     return rows
 
 

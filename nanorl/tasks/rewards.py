@@ -38,17 +38,6 @@ def contains(prompt, completion: str, answer, **_) -> float:
     return float(str(answer).strip() in completion)
 
 
-def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
-    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): 0 up to max_len - buffer tokens,
-    then a linear ramp down to -1 at max_len (and -1 beyond). Added to the task reward."""
-    start = max_len - buffer
-    if length <= start:
-        return 0.0
-    if length <= max_len:
-        return (start - length) / buffer
-    return -1.0
-
-
 _THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
 _ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
 

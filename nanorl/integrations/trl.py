@@ -1,0 +1,174 @@
+"""TRL compatibility: a TRL user's reward functions and config names work in nanorl unchanged.
+
+    fn = as_reward(reward_len)             # TRL's batched form, detected by its signature
+    values = resolve_names(GRPOConfig, {"num_generations": 8, "beta": 0.04})
+    # -> {"samples_per_prompt": 8, "kl_coef": 0.04}; a TRL name that means something else here is an error
+    #    that says what to write instead, and a near miss gets "did you mean"
+
+Rewards. TRL calls `reward_func(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)`
+once per batch, every dataset column (but the prompt) as a list with one entry per completion. For
+conversational data a prompt is a list of messages and a completion is `[{"role": "assistant", "content": text}]`.
+It returns one float per completion, or None for "this reward does not score this sample" (e.g. a reward
+meant for another task's rows). nanorl's own form scores one sample: `reward(prompt, completion, **fields)`.
+A function is TRL's form when it takes a parameter named `completions`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+
+
+def is_batched(fn) -> bool:
+    """TRL's batched form: the function has a parameter called `completions`."""
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: nanorl's form
+        return False
+
+
+@dataclass
+class TrainerState:
+    """The part of transformers' TrainerState a reward may read: the 0-based step being scored and the total."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+class BatchedReward:
+    """A TRL reward function as a nanorl reward: `.batch(prompts, completions, fields, ...)` scores a batch."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        params = inspect.signature(fn).parameters
+        self.takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        self.params = set(params)
+
+    def __call__(self, prompt, completion: str, **fields):
+        return self.batch([prompt], [completion], [fields])[0]
+
+    def arguments(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> dict:
+        """The keywords TRL would pass (those the function accepts, unless it takes **kwargs)."""
+        chat = bool(prompts) and not isinstance(prompts[0], str)
+        columns = {k: [f.get(k) for f in fields] for k in dict.fromkeys(k for f in fields for k in f)}
+        kwargs = {**columns, "prompts": list(prompts), "completion_ids": completion_ids,
+                  "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions),
+                  "trainer_state": TrainerState(step, steps)}
+        return kwargs if self.takes_all else {k: v for k, v in kwargs.items() if k in self.params}
+
+    def batch(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> list:
+        from nanorl.tasks import RewardSetupError
+
+        kwargs = self.arguments(prompts, completions, fields, completion_ids, step, steps)
+        try:
+            inspect.signature(self.fn).bind(**kwargs)
+        except TypeError as e:
+            raise RewardSetupError(f"reward '{self.__name__}' cannot be called with TRL's arguments "
+                                   f"{sorted(kwargs)}: {e}") from None
+        out = self.fn(**kwargs)
+        if not isinstance(out, (list, tuple)) or len(out) != len(completions):
+            raise RewardSetupError(f"reward '{self.__name__}' must return a list of {len(completions)} values "
+                                   f"(one per completion), got {type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}")
+        return list(out)
+
+
+def as_reward(fn):
+    """A reward function in either form -> a nanorl reward (TRL's batched form wrapped in BatchedReward)."""
+    return BatchedReward(fn) if is_batched(fn) and not isinstance(fn, BatchedReward) else fn
+
+
+# ---------------------------------------------------------------------------- config names
+
+# TRL name -> nanorl key, or (nanorl key, {TRL value: nanorl value}) where the values are spelled differently.
+SAME = {
+    "num_generations": "samples_per_prompt", "max_completion_length": "max_new_tokens", "beta": "kl_coef",
+    "epsilon": "clip_low", "epsilon_high": "clip_high", "learning_rate": "lr", "model_name_or_path": "model",
+    "output_dir": "out_dir", "max_steps": "steps", "num_iterations": "epochs", "num_train_epochs": "epochs",
+    "max_grad_norm": "grad_clip", "lr_scheduler_type": "lr_schedule", "save_steps": "save_every",
+    "eval_steps": "eval_every", "lora_target_modules": "lora_target", "reward_funcs": "reward",
+    "importance_sampling_level": "ratio_level", "dataset_name": "data",
+    "loss_type": ("loss_agg", {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}),
+    "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False,
+                                           "batch": {"adv_estimator": "group_batch", "scale_adv_by_std": True}}),
+    "mask_truncated_completions": ("overlong", {True: "filter", False: "none"}),
+    "bf16": ("dtype", {True: "bf16-mixed", False: "float32"}),
+}
+# TRL names whose meaning differs here: what to write instead.
+DIFFERENT = {
+    "scale_rewards": "TRL's scale_rewards is nanorl's scale_adv_by_std (group/true, none/false) or, for 'batch', "
+                     "--adv-estimator group_batch",
+    "loss_type": "TRL's GRPO loss_type is nanorl's loss_agg (grpo = sequence, dapo/bnpo = token, dr_grpo = constant); "
+                 "`--algo dapo` also turns on dynamic sampling, overlong shaping and clip-higher",
+    "per_device_train_batch_size": "a step is batch_size rows (prompts_per_step x samples_per_prompt completions "
+                                   "online); micro_batch_size is how many go through one forward/backward",
+    "gradient_accumulation_steps": "the loss is normalised over the whole step's batch, so micro_batch_size "
+                                   "(sequences per forward/backward) is the only memory knob",
+    "generation_batch_size": "a step samples prompts_per_step x samples_per_prompt completions",
+    "max_prompt_length": "prompts are never cut; a prompt that does not fit the context is refused before training",
+    "use_vllm": "nanorl samples with its own sampler (sampling.LocalSampler); vLLM is not wired in yet",
+    "use_peft": "LoRA is on when --lora-r > 0",
+    "reward_weights": "weights go in the reward spec: --reward 'math=1,answer_tag=0.2'",
+    "gradient_checkpointing": "not available yet",
+    "sync_ref_model": "the reference model is the starting model and stays frozen",
+    "logging_steps": "every step is logged",
+}
+
+
+def _mapped(cls, trl: str, value) -> dict | None:
+    """{nanorl key: value} for a TRL name in `cls`, or None when there is no same-meaning alias."""
+    target = SAME.get(trl)
+    fields = getattr(cls, "__dataclass_fields__", {})
+    if target is None:
+        return None
+    key, table = (target, None) if isinstance(target, str) else target
+    if trl == "loss_type" and "loss" in fields:  # DPO: TRL's loss_type values are nanorl's `loss`
+        return {"loss": value}
+    if trl == "dataset_name" and "task" in fields and "data" not in fields:  # online: the prompts are the task
+        key = "task"
+    if trl == "reward_funcs" and isinstance(value, (list, tuple)):  # a list of names -> nanorl's spec
+        value = ",".join(map(str, value))
+    if key not in fields:
+        return None
+    if table is None:
+        return {key: value}
+    lookup = value.strip().lower() if isinstance(value, str) else value
+    if isinstance(lookup, str) and lookup in ("true", "false"):
+        lookup = lookup == "true"
+    if lookup not in table:
+        return None
+    return table[lookup] if isinstance(table[lookup], dict) else {key: table[lookup]}
+
+
+def resolve_names(cls, values: dict) -> dict:
+    """Keys of a config dict in nanorl's names: TRL aliases are renamed (an explicit nanorl key wins); a TRL name
+    that means something else here, or an unknown key, raises ConfigError with what to write instead."""
+    from nanorl.config import COMMANDS, ConfigError
+
+    fields = set(getattr(cls, "__dataclass_fields__", {}))
+    out, renamed = {}, {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name in fields:
+            out[name] = value
+            continue
+        mapped = _mapped(cls, name, value)
+        if mapped is not None:
+            renamed.update(mapped)
+            if name == "epsilon" and "clip_high" in fields:  # TRL: epsilon_high defaults to epsilon
+                renamed.setdefault("clip_high", mapped["clip_low"])
+            continue
+        prog = COMMANDS.get(cls, "nanorl train")
+        if name in DIFFERENT or name in SAME:
+            hint = DIFFERENT.get(name, f"no nanorl key of `{prog}` means the same")
+            raise ConfigError(f"config key '{name}' (a TRL name): {hint} (see `{prog} --help`)")
+        close = difflib.get_close_matches(name, sorted(fields) + sorted(SAME), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'" if close else ""
+        if close and isinstance(SAME.get(close[0]), str):
+            hint += f" (TRL's name for '{SAME[close[0]]}')"
+        hint += "?" if close else ""
+        raise ConfigError(f"unknown config key '{name}'{hint} (see `{prog} --help`)")
+    if "epsilon_high" in values and "clip_high" in fields:  # the explicit high bound beats epsilon's copy
+        renamed.update(_mapped(cls, "epsilon_high", values["epsilon_high"]))
+    return {**renamed, **out}

@@ -1,0 +1,247 @@
+"""A TRL user's work runs unchanged: reward functions in TRL's batched form (the examples of TRL's GRPO
+documentation, written here so TRL is not needed), TRL's config names, and datasets in TRL's standard and
+conversational formats, from the CLI and from Python, on the tiny model."""
+
+import json
+import re
+
+import pytest
+
+from nanorl.cli import main
+from nanorl.config import ConfigError, DPOConfig, GRPOConfig, SFTConfig, from_dict, parse_args
+from nanorl.tasks import Example, RewardSetupError, Task, get_task
+
+datasets = pytest.importorskip("datasets")
+
+
+# --- TRL's documented reward functions (trl docs, "Using a custom reward function")
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def format_reward_func(completions, **kwargs):
+    pattern = r"^<think>.*?</think><answer>.*?</answer>$"
+    completion_contents = [completion[0]["content"] for completion in completions]
+    return [1.0 if re.match(pattern, content) else 0.0 for content in completion_contents]
+
+
+def reward_func(completions, ground_truth, **kwargs):
+    matches = [re.search(r"\\boxed\{(.*?)\}", completion) for completion in completions]
+    contents = [match.group(1) if match else "" for match in matches]
+    return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
+
+
+def math_only(prompts, completions, task, **kwargs):  # multi-task: None = "not mine"
+    return [float("4" in c) if t == "math" else None for c, t in zip(completions, task)]
+
+
+def step_and_ids(completions, completion_ids, trainer_state, **kwargs):
+    return [trainer_state.global_step + len(ids) / 100 for ids in completion_ids]
+
+
+def test_trl_reward_functions_score_batches_as_trl_calls_them():
+    rows = [Example("q1", {"ground_truth": "4", "task": "math"}), Example("q2", {"ground_truth": "5", "task": "code"})]
+    task = Task("t", train=rows, eval=rows, reward=[("len", reward_len, 1.0), ("boxed", reward_func, 2.0),
+                                                     ("math", math_only, 1.0), ("state", step_and_ids, 0.0)])
+    task.check()
+    completions = ["so \\boxed{4}", "x" * 20]
+    parts, total, errors = task.score_parts(rows, completions, completion_ids=[[1, 2], [3]], step=7)
+    assert parts["len"] == [-8.0, 0.0] and parts["boxed"] == [1.0, 0.0] and errors == 0
+    assert parts["math"] == [1.0, None]  # the code row is not scored by the math reward ...
+    assert total == [-8.0 + 2.0 + 1.0, 0.0]  # ... and its None adds nothing, as TRL's nansum
+    assert parts["state"] == [7.02, 7.01]  # trainer_state.global_step and completion_ids reach the reward
+    # conversational prompts get conversational completions
+    chat = [Example([{"role": "user", "content": "hi"}])]
+    t2 = Task("c", train=chat, eval=[], reward=format_reward_func)
+    assert t2.score(chat, ["<think>a</think><answer>b</answer>"]) == [1.0]
+    # nanorl's per-sample form keeps working beside them
+    t3 = Task("n", train=rows, eval=[], reward=[("mine", lambda p, c, **f: float(c == f["ground_truth"]), 1.0),
+                                                 ("len", reward_len, 1.0)])
+    assert t3.score(rows, ["4", "6"]) == [1.0 - 19, -19.0]
+
+
+def test_rewards_that_fail_for_a_reason_not_the_sample_stop_the_run_whatever_reward_errors_says(tmp_path):
+    rows = [Example("q", {"answer": 1})]
+
+    def needs_a_column(completions, solution, **kwargs):
+        return [1.0] * len(completions)
+
+    def imports_missing(completions, **kwargs):
+        import nanorl_no_such_module  # noqa: F401
+
+    def wrong_length(completions, **kwargs):
+        return [1.0]
+
+    with pytest.raises(RewardSetupError, match="solution"):  # found by check(), before any model is loaded
+        Task("t", train=rows, eval=rows, reward=needs_a_column, on_error="zero").check()
+    with pytest.raises(RewardSetupError, match="nanorl_no_such_module"):
+        Task("t", train=rows, eval=rows, reward=imports_missing, on_error="zero").score(rows * 2, ["a", "b"])
+    with pytest.raises(RewardSetupError, match="list of 2 values"):
+        Task("t", train=rows, eval=rows, reward=wrong_length, on_error="zero").score(rows * 2, ["a", "b"])
+
+    def flaky(completions, **kwargs):  # fails on one sample: the others still count under reward_errors zero
+        return [1 / len(c) for c in completions]
+
+    parts, total, errors = Task("t", train=rows, eval=rows, reward=flaky, on_error="zero").score_parts(
+        rows * 3, ["ab", "", "a"])
+    assert total == [0.5, 0.0, 1.0] and errors == 1
+    with pytest.raises(RuntimeError, match="completion ''"):
+        Task("t", train=rows, eval=rows, reward=flaky).score(rows * 3, ["ab", "", "a"])
+    # a missing column of a data file is named before the model loads (this model does not exist)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "solution": "1"}) + "\n" for i in range(4)))
+    with pytest.raises(RewardSetupError, match="answer"):
+        from nanorl.grpo import train
+
+        train(GRPOConfig(model="no/such-model", task=str(data), out_dir=str(tmp_path / "r")))
+
+
+def test_trl_names_are_aliases_and_near_misses_get_a_suggestion():
+    cfg = from_dict(GRPOConfig, {"num_generations": 4, "max_completion_length": 16, "beta": 0.04, "epsilon": 0.3,
+                                 "learning_rate": 1e-6, "loss_type": "dr_grpo", "scale_rewards": False,
+                                 "num_iterations": 2, "importance_sampling_level": "sequence"})
+    assert (cfg.samples_per_prompt, cfg.max_new_tokens, cfg.kl_coef, cfg.clip_low, cfg.clip_high, cfg.lr) == \
+        (4, 16, 0.04, 0.3, 0.3, 1e-6)  # TRL's epsilon_high defaults to epsilon
+    assert (cfg.loss_agg, cfg.scale_adv_by_std, cfg.epochs, cfg.ratio_level) == ("constant", False, 2, "sequence")
+    cfg = from_dict(GRPOConfig, {"epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "batch"})
+    assert (cfg.clip_low, cfg.clip_high, cfg.adv_estimator) == (0.2, 0.28, "group_batch")
+    assert from_dict(GRPOConfig, {"num_generations": 4, "samples_per_prompt": 6}).samples_per_prompt == 6
+    dpo = parse_args(DPOConfig, ["--loss_type", "ipo", "--beta", "0.2", "--num_train_epochs", "2"])
+    assert (dpo.loss, dpo.beta, dpo.epochs) == ("ipo", 0.2, 2)
+    with pytest.raises(ConfigError, match="did you mean 'num_generations' .TRL's name for 'samples_per_prompt'"):
+        parse_args(GRPOConfig, ["--num-generaions", "4"])
+    with pytest.raises(ConfigError, match="did you mean 'max_new_tokens'"):
+        from_dict(GRPOConfig, {"max_new_token": 4})
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps.*micro_batch_size"):
+        parse_args(GRPOConfig, ["--gradient_accumulation_steps", "4"])
+    with pytest.raises(ConfigError, match="loss_type.*--algo dapo. also turns on dynamic sampling"):
+        from_dict(GRPOConfig, {"loss_type": "cispo"})
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_every_data_format_datasets_reads(tmp_path):
+    import gzip
+
+    from nanorl.tasks.files import load_rows
+
+    rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(6)]
+    ds = datasets.Dataset.from_list(rows)
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    ds.to_csv(str(tmp_path / "a.csv"))
+    ds.to_parquet(str(tmp_path / "a.parquet"))
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(tmp_path / "saved"))
+    for name in ("a.json", "a.csv", "a.parquet", "a.jsonl.gz"):
+        train, held = load_rows(tmp_path / name)
+        assert [int(r["answer"]) for r in train] == list(range(1, 7)) and held is None, name
+    train, held = load_rows(tmp_path / "saved")
+    assert len(train) == 6 and len(held) == 2  # the test split is the held-out set
+    task = get_task(str(tmp_path / "saved"))
+    assert len(task.train) == 6 and [e.prompt for e in task.eval] == [r["prompt"] for r in rows[:2]]
+    assert len(get_task(ds, eval_size=2).eval) == 2  # a Dataset from Python
+    _write(tmp_path / "bad.jsonl", rows[:2]).write_text(json.dumps(rows[0]) + "\n{oops\n")
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: not valid JSON"):
+        load_rows(tmp_path / "bad.jsonl")
+    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+        load_rows(tmp_path / "missing.parquet")
+
+
+def test_preference_and_sft_formats(tmp_path):
+    from nanorl.integrations.hub import tiny_model_and_tokenizer
+    from nanorl.tasks.preferences import encode_sft
+    from nanorl.tasks.preferences import load_preferences, load_replies
+
+    user = [{"role": "user", "content": "hi"}]
+    prefs = _write(tmp_path / "p.jsonl", [
+        {"prompt": user, "chosen": [{"role": "assistant", "content": "hello"}],
+         "rejected": [{"role": "assistant", "content": "go"}]},                     # explicit, conversational
+        {"chosen": user + [{"role": "assistant", "content": "hey"}],
+         "rejected": user + [{"role": "assistant", "content": "no"}]},              # implicit, conversational
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},           # implicit, standard
+    ])
+    got = load_preferences(prefs)
+    assert [(p.prompt, p.chosen, p.rejected) for p in got] == [
+        (user, "hello", "go"), (user, "hey", "no"), ("The sky is", "blue.", "green.")]
+    convo = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "XY"},
+             {"role": "user", "content": "b"}, {"role": "assistant", "content": "ZW"}]
+    sft = _write(tmp_path / "s.jsonl", [{"messages": convo}, {"text": "plain words"},
+                                        {"prompt": "p", "completion": "c"}])
+    pairs = load_replies(sft)
+    _, tok = tiny_model_and_tokenizer()
+    rows = encode_sft(tok, pairs, SFTConfig(max_length=256))
+    conv, text, plain = rows
+    trained = [t for t, w in zip(conv["chosen"], conv["weight"]) if w]
+    assert tok.decode(trained) == "XY<|im_end|>\nZW<|im_end|>\n"  # both assistant turns, no user turn
+    assert tok.decode(conv["prompt"] + conv["chosen"]).count("<|im_start|>user") == 2
+    assert tok.decode(text["prompt"] + text["chosen"]).startswith("plain words") and all(text["weight"])
+    assert tok.decode(plain["chosen"]) == "c" + tok.eos_token
+
+
+def test_trl_datasets_and_rewards_through_the_cli(tmp_path, capsys):
+    helper = tmp_path / "helpers.py"
+    helper.write_text("def score(text):\n    return float('4' in text)\n")
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text("from helpers import score  # a module beside the reward file\n\n\n"
+                       "def accuracy(completions, solution, **kwargs):\n"
+                       "    return [score(c[0]['content']) if s == '4' else 0.0 for c, s in zip(completions, solution)]\n")
+    rows = [{"prompt": [{"role": "user", "content": f"2 + 2 = ? ({i})"}], "solution": "4"} for i in range(8)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                          "test": datasets.Dataset.from_list(rows[:2])}).save_to_disk(str(tmp_path / "ds"))
+    out = tmp_path / "run"
+    main(["train", "--model", "tiny", "--task", str(tmp_path / "ds"), "--reward", f"{rewards}:accuracy",
+          "--num_generations", "2", "--max_completion_length", "4", "--max_steps", "2", "--prompts-per-step", "2",
+          "--out-dir", str(out), "--report-to", "none", "--backend", "torch"])
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and "reward/accuracy_mean" in lines[0]
+    assert len(json.loads((out / "eval_samples.jsonl").read_text().splitlines()[0])) and \
+        len((out / "eval_samples.jsonl").read_text().splitlines()) == 2  # the test split was the held-out set
+    for split in ("dpo", "sft"):  # Parquet data for the offline commands
+        prefs = [{"prompt": f"q{i}", "chosen": "a", "rejected": "b", "completion": "a"} for i in range(6)]
+        datasets.Dataset.from_list(prefs).to_parquet(str(tmp_path / "p.parquet"))
+        main([split, "--model", "tiny", "--data", str(tmp_path / "p.parquet"), "--task", "", "--num_train_epochs",
+              "1", "--out-dir", str(tmp_path / split), "--report-to", "none", "--backend", "torch"])
+        assert (tmp_path / split / "model").is_dir()
+    with pytest.raises(SystemExit):
+        main(["train", "--model", "tiny", "--per_device_train_batch_size", "4"])
+    assert "micro_batch_size" in capsys.readouterr().err
+
+
+def test_train_from_python_takes_a_model_a_dataset_rewards_and_callbacks(tmp_path):
+    from nanorl.grpo import train
+    from nanorl.integrations.hub import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    ds = datasets.Dataset.from_list([{"prompt": f"say {i}", "answer": i} for i in range(8)])
+    seen = []
+    result = train(GRPOConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4, eval_size=2,
+                              kl_coef=0.1, out_dir=str(tmp_path / "run"), report_to="none", backend="torch"),
+                   ds, model=model, tokenizer=tok, reward_funcs=[reward_len],
+                   callbacks=[lambda step, metrics: seen.append((step, metrics["reward/mean"]))])
+    assert [s for s, _ in seen] == [1, 2] and result["steps"] == 2
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["task"] == "python:Dataset" and saved["reward"] == "reward_len"
+    assert saved["model"].startswith("python:LlamaForCausalLM")
+    tok.eos_token = None
+    tok.pad_token = None
+    with pytest.raises(ConfigError, match="no EOS token"):
+        train(GRPOConfig(steps=1, out_dir=str(tmp_path / "r2"), report_to="none"), ds, model=model, tokenizer=tok,
+              reward_funcs=[reward_len])
+
+
+def test_accuracy_threshold_for_rewards_that_are_not_0_or_1():
+    from nanorl.evaluate import evaluate
+    from nanorl.integrations.hub import tiny_model_and_tokenizer
+    from nanorl.models import stop_token_ids
+    from nanorl.sampling import LocalSampler
+
+    model, tok = tiny_model_and_tokenizer()
+    rows = [Example(f"q{i}") for i in range(4)]
+    for threshold, acc in ((1.0, 0.0), (0.5, 1.0)):
+        task = Task("half", train=rows, eval=rows, reward=lambda p, c, **f: 0.5, acc_threshold=threshold)
+        metrics, _ = evaluate(LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id), tok, task, 4)
+        assert metrics["eval/greedy_acc"] == acc and metrics["eval/greedy_reward"] == 0.5
