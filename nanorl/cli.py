@@ -7,6 +7,7 @@
     nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
     nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
     nanorl plot RUN_DIR [RUN_DIR ...] [--out curve.png]   # every curve of the runs, overlaid
+    nanorl report RUN_DIR [--out report.html]             # one self-contained HTML page: evals, curves, samples
 """
 
 from __future__ import annotations
@@ -63,8 +64,16 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--out", help="PNG path (default: RUN_DIR/curve.png for one run, curves.png for several)")
             a = p.parse_args(rest)
             print(plot_runs(a.run_dirs, a.out))
+        elif command == "report":
+            from nanorl.integrations.report import write_report
+
+            p = argparse.ArgumentParser(prog="nanorl report", description="A run folder as one HTML page.")
+            p.add_argument("run_dir", metavar="RUN_DIR")
+            p.add_argument("--out", help="HTML path (default: RUN_DIR/report.html)")
+            a = p.parse_args(rest)
+            print(write_report(a.run_dir, a.out))
         else:
-            raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval or plot)")
+            raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval, plot or report)")
     except (ConfigError, FileNotFoundError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)
