@@ -7,11 +7,11 @@
     nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
     nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
     nanorl plot RUN_DIR [RUN_DIR ...] [--out curve.png]   # every curve of the runs, overlaid
+    nanorl report RUN_DIR [--out report.html]             # one self-contained HTML page: evals, curves, samples
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
@@ -56,16 +56,10 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(module).train(parse_args(cls, rest))
         elif command == "eval":
             eval_main(parse_args(EvalConfig, rest))
-        elif command == "plot":
-            from nanorl.integrations.plot import plot_runs
-
-            p = argparse.ArgumentParser(prog="nanorl plot", description="Plot run folders' curves, overlaid.")
-            p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-            p.add_argument("--out", help="PNG path (default: RUN_DIR/curve.png for one run, curves.png for several)")
-            a = p.parse_args(rest)
-            print(plot_runs(a.run_dirs, a.out))
+        elif command in ("plot", "report"):  # integrations/plot.py, integrations/report.py
+            importlib.import_module(f"nanorl.integrations.{command}").main(rest)
         else:
-            raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval or plot)")
+            raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval, plot or report)")
     except (ConfigError, FileNotFoundError, RewardSetupError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -355,8 +355,7 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
     for i, item in enumerate(unknown):
         if item.startswith("--"):
             key, eq, value = item[2:].partition("=")
-            has_value = not eq and i + 1 < len(unknown) and not unknown[i + 1].startswith("--")
-            extra[key] = value if eq else (unknown[i + 1] if has_value else "true")
+            extra[key] = value if eq else next((v for v in unknown[i + 1:i + 2] if not v.startswith("--")), "true")
         elif i == 0 or not unknown[i - 1].startswith("--") or "=" in unknown[i - 1]:
             raise ConfigError(f"unexpected argument {item!r} (flags are --key value; see `{prog} --help`)")
     values: dict = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from nanorl.config import ConfigError
 from nanorl.integrations.hub import resolve_model_path, tiny_model_and_tokenizer  # noqa: F401 (tests import it here)
 from nanorl.integrations.lora import add_adapters, is_adapter
 
@@ -44,8 +45,6 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
 def check_tokenizer(tok, name: str):
     """A tokenizer with an EOS token (completions must end) and a pad token (the EOS one if it has none)."""
     if tok.eos_token_id is None:
-        from nanorl.config import ConfigError
-
         raise ConfigError(f"model {name}: its tokenizer has no EOS token, so no completion could end "
                           f"(set tokenizer.eos_token, e.g. to the chat template's end-of-turn token)")
     if tok.pad_token_id is None:  # masks come from positions, so any id works as padding

@@ -115,8 +115,8 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
         policy, tok = model.to(device), check_tokenizer(tokenizer, cfg.model)
     else:
         policy, tok = load_model(start_from, device, dtype)
-    start = model if model is not None and not hasattr(model, "peft_config") else None
-    start = copy.deepcopy(start) if start is not None and cfg.kl_coef > 0 else None  # before it trains
+    plain = model is not None and not hasattr(model, "peft_config") and cfg.kl_coef > 0
+    start = copy.deepcopy(model) if plain else None  # the reference: the model given, before it trains
     policy = trainable(policy, cfg).eval()  # LoRA adapters when cfg.lora_r > 0
     ref = rm = None
     if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model) and start is None:

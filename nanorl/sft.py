@@ -39,8 +39,7 @@ def train(cfg: SFTConfig) -> dict:
     model, tok, device, backend, logger = setup(cfg, "sft")
     pad = tok.pad_token_id
 
-    train_rows = encode_sft(tok, train_data, cfg)  # the reply is stored as "chosen"
-    eval_rows = encode_sft(tok, eval_data, cfg)
+    train_rows, eval_rows = encode_sft(tok, train_data, cfg), encode_sft(tok, eval_data, cfg)  # replies as "chosen"
     print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out rows from {cfg.data}; "
           f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
 

@@ -41,23 +41,21 @@ def _points(rows: list[dict], key: str) -> tuple[list, list]:
     return [s for s, _ in pts], [v for _, v in pts]
 
 
-def plot_runs(run_dirs: list, out: str | Path | None = None) -> Path:
-    try:
-        import matplotlib
+def runs_figure(run_dirs: list):
+    """The figure `nanorl plot` saves, as a matplotlib Figure (no pyplot, no global backend); ImportError
+    without matplotlib."""
+    from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("nanorl plot needs matplotlib: pip install matplotlib") from None
     runs = [Path(d) for d in run_dirs]
     for d in runs:
         if not (d / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{d / 'metrics.jsonl'} not found: is {d} a nanorl run folder?")
     data = {d: {"metrics": _read(d / "metrics.jsonl"), "eval": _read(d / "eval.jsonl")} for d in runs}
     panels = [(f, k, t) for f, k, t in SERIES if any(v != 0 for d in runs for v in _points(data[d][f], k)[1])]
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    cols = min(3, len(panels)) or 1
+    rows = -(-len(panels) // cols) or 1
+    fig = Figure(figsize=(4.2 * cols, 3.0 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (f, key, title) in zip(axes.flat, panels):
         for d in runs:
             x, y = _points(data[d][f], key)
@@ -71,12 +69,31 @@ def plot_runs(run_dirs: list, out: str | Path | None = None) -> Path:
         axes.flat[0].legend(fontsize=7)
     fig.suptitle(", ".join(d.name for d in runs))
     fig.tight_layout()
+    return fig
+
+
+def plot_runs(run_dirs: list, out: str | Path | None = None) -> Path:
+    try:
+        fig = runs_figure(run_dirs)
+    except ImportError:
+        raise SystemExit("nanorl plot needs matplotlib: pip install matplotlib") from None
+    runs = [Path(d) for d in run_dirs]
     out = Path(out) if out else (runs[0] / "curve.png" if len(runs) == 1 else Path("curves.png"))
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return out
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """One run: RUN_DIR/curve.png unless `out` is given."""
     return plot_runs([run_dir], out)
+
+
+def main(argv: list[str]) -> None:
+    """`nanorl plot RUN_DIR [RUN_DIR ...] [--out PNG]`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="nanorl plot", description="Plot run folders' curves, overlaid.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="PNG path (default: RUN_DIR/curve.png for one run, curves.png for several)")
+    a = p.parse_args(argv)
+    print(plot_runs(a.run_dirs, a.out))
