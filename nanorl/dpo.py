@@ -40,9 +40,9 @@ def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torc
     return torch.cat(out)
 
 
-def train(cfg: DPOConfig) -> dict:
+def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
-    train_pairs, eval_pairs = read_pairs(cfg.data, "preference", cfg.eval_fraction, cfg.seed)
+    train_pairs, eval_pairs = read_pairs(cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed)
     task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
     policy, tok, device, backend, logger = setup(cfg, "dpo")
     pad = tok.pad_token_id

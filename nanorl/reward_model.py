@@ -99,9 +99,9 @@ def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUT
     return out
 
 
-def train(cfg: RMConfig) -> dict:
+def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
-    train_pairs, eval_pairs = read_pairs(cfg.data, "preference", cfg.eval_fraction, cfg.seed)
+    train_pairs, eval_pairs = read_pairs(cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed)
     model, tok, device, backend, logger = setup(cfg, "rm", load=load_reward_model)
     pad = tok.pad_token_id
 

@@ -32,9 +32,9 @@ def reply_nll(model, rows, pad_id, device, backend=AUTO):
     return -(logp * w).sum(), int(w.sum())
 
 
-def train(cfg: SFTConfig) -> dict:
+def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
-    train_data, eval_data = read_pairs(cfg.data, "sft", cfg.eval_fraction, cfg.seed)
+    train_data, eval_data = read_pairs(cfg.data if data is None else data, "sft", cfg.eval_fraction, cfg.seed)
     task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
     model, tok, device, backend, logger = setup(cfg, "sft")
     pad = tok.pad_token_id

@@ -245,3 +245,36 @@ def test_accuracy_threshold_for_rewards_that_are_not_0_or_1():
         task = Task("half", train=rows, eval=rows, reward=lambda p, c, **f: 0.5, acc_threshold=threshold)
         metrics, _ = evaluate(LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id), tok, task, 4)
         assert metrics["eval/greedy_acc"] == acc and metrics["eval/greedy_reward"] == 0.5
+
+
+def test_migration_page_runs(tmp_path, monkeypatch):
+    """docs/trl.md: each nanorl block runs (tiny model, a few steps), and so does its shell command."""
+    import shlex
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "docs" / "trl.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith("# nanorl")]
+    shell = re.findall(r"```bash\n(nanorl train .*?)```", page, re.S)
+    assert len(blocks) == 3 and len(shell) == 1
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "prompts.jsonl", [{"prompt": f"Say something about {i}."} for i in range(8)])
+    _write(tmp_path / "prefs.jsonl", [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(8)])
+    _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": f"u{i}"},
+                                                   {"role": "assistant", "content": "a"},
+                                                   {"role": "user", "content": "more"},
+                                                   {"role": "assistant", "content": "b"}]} for i in range(8)])
+    (tmp_path / "my_rewards.py").write_text(re.search(r"def reward_len.*?\n\n", blocks[0], re.S).group(0))
+    small = {'"smollm2-135m"': '"tiny"', '"report_to"': '"report_to"',
+             '"max_steps": 40': '"max_steps": 2, "prompts_per_step": 2, "eval_size": 2, "report_to": "none"',
+             '"num_train_epochs": 1': '"num_train_epochs": 1, "task": "", "batch_size": 4, "report_to": "none"'}
+    for block in blocks:
+        for old, new in small.items():
+            block = block.replace(old, new)
+        exec(compile(block, "docs/trl.md", "exec"), {})
+    for out in ("runs/nanorl-grpo", "runs/nanorl-dpo", "runs/nanorl-sft"):
+        assert (tmp_path / out / "model").is_dir() and (tmp_path / out / "metrics.jsonl").is_file(), out
+    argv = shlex.split(shell[0].replace("\\\n", " "))[1:] + ["--model", "tiny", "--prompts-per-step", "2",
+                                                             "--eval-size", "2", "--report-to", "none",
+                                                             "--max_steps", "2", "--output_dir", "runs/cli"]
+    main(argv)
+    assert len((tmp_path / "runs/cli/metrics.jsonl").read_text().splitlines()) == 2
