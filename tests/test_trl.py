@@ -35,7 +35,7 @@ def math_only(prompts, completions, task, **kwargs):  # multi-task: None = "not 
     return [float("4" in c) if t == "math" else None for c, t in zip(completions, task)]
 
 
-def step_and_ids(completions, completion_ids, trainer_state, **kwargs):
+def step_and_ids(completion_ids, trainer_state, **kwargs):  # no `completions`: still TRL's form
     return [trainer_state.global_step + len(ids) / 100 for ids in completion_ids]
 
 
@@ -103,8 +103,12 @@ def test_trl_names_are_aliases_and_near_misses_get_a_suggestion():
     assert (cfg.samples_per_prompt, cfg.max_new_tokens, cfg.kl_coef, cfg.clip_low, cfg.clip_high, cfg.lr) == \
         (4, 16, 0.04, 0.3, 0.3, 1e-6)  # TRL's epsilon_high defaults to epsilon
     assert (cfg.loss_agg, cfg.scale_adv_by_std, cfg.epochs, cfg.ratio_level) == ("constant", False, 2, "sequence")
-    cfg = from_dict(GRPOConfig, {"epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "batch"})
-    assert (cfg.clip_low, cfg.clip_high, cfg.adv_estimator) == (0.2, 0.28, "group_batch")
+    cfg = from_dict(GRPOConfig, {"epsilon": 0.2, "epsilon_high": 0.28})
+    assert (cfg.clip_low, cfg.clip_high) == (0.2, 0.28)
+    with pytest.raises(ConfigError, match="'batch' .group mean, batch std. has no exact equivalent"):
+        from_dict(GRPOConfig, {"scale_rewards": "batch"})
+    with pytest.raises(ConfigError, match="num_train_epochs.*set `steps`"):
+        from_dict(GRPOConfig, {"num_train_epochs": 3})  # TRL: passes over the data; here epochs is per batch
     assert from_dict(GRPOConfig, {"num_generations": 4, "samples_per_prompt": 6}).samples_per_prompt == 6
     dpo = parse_args(DPOConfig, ["--loss_type", "ipo", "--beta", "0.2", "--num_train_epochs", "2"])
     assert (dpo.loss, dpo.beta, dpo.epochs) == ("ipo", 0.2, 2)
@@ -166,7 +170,7 @@ def test_preference_and_sft_formats(tmp_path):
     ])
     got = load_preferences(prefs)
     assert [(p.prompt, p.chosen, p.rejected) for p in got] == [
-        (user, "hello", "go"), (user, "hey", "no"), ("The sky is", "blue.", "green.")]
+        (user, "hello", "go"), (user, "hey", "no"), ("The sky is", " blue.", " green.")]
     convo = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "XY"},
              {"role": "user", "content": "b"}, {"role": "assistant", "content": "ZW"}]
     sft = _write(tmp_path / "s.jsonl", [{"messages": convo}, {"text": "plain words"},

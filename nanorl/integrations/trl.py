@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 
 def is_batched(fn) -> bool:
-    """TRL's batched form: the function has a parameter called `completions`."""
+    """TRL's batched form: the function has a parameter called `completions`, `prompts` or `completion_ids` (e.g.
+    TRL's own soft overlong punishment takes `completion_ids` alone)."""
     try:
-        return "completions" in inspect.signature(fn).parameters
+        return bool({"completions", "prompts", "completion_ids"} & set(inspect.signature(fn).parameters))
     except (TypeError, ValueError):  # a builtin without a signature: nanorl's form
         return False
 
@@ -68,6 +69,7 @@ class BatchedReward:
             raise RewardSetupError(f"reward '{self.__name__}' cannot be called with TRL's arguments "
                                    f"{sorted(kwargs)}: {e}") from None
         out = self.fn(**kwargs)
+        out = out.tolist() if hasattr(out, "tolist") else out  # a numpy array or a tensor, as TRL accepts
         if not isinstance(out, (list, tuple)) or len(out) != len(completions):
             raise RewardSetupError(f"reward '{self.__name__}' must return a list of {len(completions)} values "
                                    f"(one per completion), got {type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}")
@@ -85,20 +87,23 @@ def as_reward(fn):
 SAME = {
     "num_generations": "samples_per_prompt", "max_completion_length": "max_new_tokens", "beta": "kl_coef",
     "epsilon": "clip_low", "epsilon_high": "clip_high", "learning_rate": "lr", "model_name_or_path": "model",
-    "output_dir": "out_dir", "max_steps": "steps", "num_iterations": "epochs", "num_train_epochs": "epochs",
+    "output_dir": "out_dir", "max_steps": "steps", "num_iterations": "epochs",
     "max_grad_norm": "grad_clip", "lr_scheduler_type": "lr_schedule", "save_steps": "save_every",
     "eval_steps": "eval_every", "lora_target_modules": "lora_target", "reward_funcs": "reward",
     "importance_sampling_level": "ratio_level", "dataset_name": "data",
     "loss_type": ("loss_agg", {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}),
-    "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False,
-                                           "batch": {"adv_estimator": "group_batch", "scale_adv_by_std": True}}),
+    "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False}),
     "mask_truncated_completions": ("overlong", {True: "filter", False: "none"}),
     "bf16": ("dtype", {True: "bf16-mixed", False: "float32"}),
 }
 # TRL names whose meaning differs here: what to write instead.
 DIFFERENT = {
-    "scale_rewards": "TRL's scale_rewards is nanorl's scale_adv_by_std (group/true, none/false) or, for 'batch', "
-                     "--adv-estimator group_batch",
+    "scale_rewards": "TRL's scale_rewards is nanorl's scale_adv_by_std (group/true, none/false); 'batch' (group "
+                     "mean, batch std) has no exact equivalent: the nearest is --adv-estimator group_batch "
+                     "(REINFORCE++-baseline: group mean, then whitened over the batch's tokens)",
+    "num_train_epochs": "online, a nanorl step is one rollout batch of prompts_per_step prompts: set `steps` (TRL's "
+                        "num_iterations, passes over each batch, is nanorl's `epochs`)",
+    "dataset_text_field": "nanorl's SFT reads a `text` column (or prompt/completion, or messages)",
     "loss_type": "TRL's GRPO loss_type is nanorl's loss_agg (grpo = sequence, dapo/bnpo = token, dr_grpo = constant); "
                  "`--algo dapo` also turns on dynamic sampling, overlong shaping and clip-higher",
     "per_device_train_batch_size": "a step is batch_size rows (prompts_per_step x samples_per_prompt completions "
@@ -120,6 +125,8 @@ def _mapped(cls, trl: str, value) -> dict | None:
     """{nanorl key: value} for a TRL name in `cls`, or None when there is no same-meaning alias."""
     target = SAME.get(trl)
     fields = getattr(cls, "__dataclass_fields__", {})
+    if trl == "num_train_epochs" and "data" in fields:  # offline: passes over the rows, as in TRL
+        return {"epochs": value}
     if target is None:
         return None
     key, table = (target, None) if isinstance(target, str) else target

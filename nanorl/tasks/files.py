@@ -82,9 +82,13 @@ def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None
         elif _builder(path):
             if not path.is_file():
                 raise FileNotFoundError(f"{what} file not found: {path}")
+            if path.stat().st_size == 0:
+                raise ConfigError(f"{what} {path}: the file is empty")
             ds = datasets.load_dataset(_builder(path), data_files=str(path))
         elif path.suffix and not path.exists():
             raise ConfigError(f"{what} {path}: not a known data format ({', '.join(BUILDERS)}, or a dataset folder)")
+        elif "/" not in str(source):  # not a file or folder here, and not a hub id (owner/name)
+            raise FileNotFoundError(f"{what} not found: {source} (a file, a folder, or a hub id owner/name)")
         else:
             ds = datasets.load_dataset(str(source))  # a hub id
     except (FileNotFoundError, ConfigError):

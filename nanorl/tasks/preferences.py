@@ -42,11 +42,10 @@ def _reply(value, where: str, key: str) -> str:
 
 
 def _common_prompt(chosen: str, rejected: str) -> str:
-    """The shared beginning of two strings, cut back to a word boundary (TRL's implicit prompt)."""
-    n = 0
-    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
-        n += 1
-    return chosen[:chosen.rfind(" ", 0, n + 1) + 1 if " " in chosen[:n + 1] else 0].rstrip()
+    """The shared beginning of two strings (TRL's implicit prompt): up to the first difference, a space just before
+    it left to the replies."""
+    n = next((i for i, (a, b) in enumerate(zip(chosen, rejected)) if a != b), min(len(chosen), len(rejected)))
+    return chosen[:n - 1] if n and chosen[n - 1] == " " else chosen[:n]
 
 
 def preference(row: dict, where: str) -> Pair:
@@ -63,7 +62,7 @@ def preference(row: dict, where: str) -> Pair:
         prompt = _common_prompt(str(chosen), str(rejected))
         if not prompt:
             raise ConfigError(f"{where}: missing field 'prompt' (chosen and rejected share no beginning)")
-        chosen, rejected = chosen[len(prompt):].lstrip(), rejected[len(prompt):].lstrip()
+        chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]
     return Pair(prompt, _reply(chosen, where, "chosen"), _reply(rejected, where, "rejected"))
 
 
@@ -147,8 +146,11 @@ def encode_sft(tok, pairs, cfg) -> list[dict]:
             from nanorl.offline import encode_rows
 
             rows += encode_rows(tok, [p], cfg, fields=("chosen",))
-    for r in rows:
+    for r, p in zip(rows, pairs):
         r.setdefault("weight", [1.0] * len(r["chosen"]))
+        if not sum(r["weight"]):
+            raise ConfigError(f"an SFT row has no token to train (an empty text or reply, or max_length "
+                              f"{cfg.max_length} cuts every assistant turn): {str(p.turns or p.prompt)[:120]!r}")
     return rows
 
 
