@@ -83,8 +83,7 @@ def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std:
     rewards get the shift of that whitening, not 0: they are trained, as in verl and OpenRLHF."""
     r = rewards.float().view(-1, group_size)  # (groups, G)
     centred = _centre(r, r.mean(dim=1, keepdim=True)).view(-1)  # (N,)
-    adv = token_whiten(centred, torch.ones_like(centred) if lengths is None else lengths, scale_by_std, eps,
-                       std_correction)
+    adv, _ = batch_advantages(centred, group_size, scale_by_std, eps, lengths, std_correction)
     return adv, _stats(r, adv)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import math
 import typing
 from dataclasses import dataclass, field
@@ -204,7 +203,7 @@ class RMConfig(OfflineConfig):
 
 
 class ConfigError(ValueError):
-    pass
+    """A config value that cannot work, named by its key; raised before any model is loaded."""
 
 
 COMMANDS = {GRPOConfig: "nanorl train", PPOConfig: "nanorl ppo", DPOConfig: "nanorl dpo", SFTConfig: "nanorl sft",
@@ -273,10 +272,9 @@ def from_dict(cls, values: dict):
     """Build `cls` from a dict; unknown keys and wrong types raise ConfigError naming the key."""
     from nanorl.integrations.trl import resolve_names
 
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    clean, values = {}, resolve_names(cls, values)  # TRL's names for the same thing; did-you-mean for typos
-    if "algo" in names:
+    hints = typing.get_type_hints(cls)  # every field's type
+    values = resolve_names(cls, values)  # TRL's names for the same thing; did-you-mean for typos
+    if "algo" in hints:
         algo = str(values.get("algo", "grpo"))
         if algo == "ppo":
             raise ConfigError("config key 'algo': PPO is its own command with its own config: `nanorl ppo` "
@@ -284,33 +282,24 @@ def from_dict(cls, values: dict):
         if algo not in PRESETS:
             raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
         values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
-    for name, value in values.items():
-        clean[name] = _convert(name, hints[name], value)
-    cfg = cls(**clean)
+    cfg = cls(**{name: _convert(name, hints[name], value) for name, value in values.items()})
     validate(cfg)
     return cfg
 
 
 def validate(cfg) -> None:
     """Cheap sanity checks of any config, run before any model is loaded."""
-    has = {f.name for f in dataclasses.fields(cfg)}
-    for name in has:
-        value = getattr(cfg, name)
+    for name, value in dataclasses.asdict(cfg).items():  # each key: finite, then its rule, then its choices
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"config key '{name}': must be a finite number, got {value}")
-    for name in has & set(RULES):
-        ok, allowed = RULES[name]
-        if not ok(getattr(cfg, name)):
-            raise ConfigError(f"config key '{name}': must be {allowed}, got {getattr(cfg, name)!r}")
-    for name in has & set(CHOICES):
-        if getattr(cfg, name) not in CHOICES[name]:
-            raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {getattr(cfg, name)!r}")
+        if name in RULES and not RULES[name][0](value):
+            raise ConfigError(f"config key '{name}': must be {RULES[name][1]}, got {value!r}")
+        if name in CHOICES and value not in CHOICES[name]:
+            raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {value!r}")
     if isinstance(cfg, RunConfig):
-        for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
-            if name not in ("console", "tensorboard", "wandb", "none"):
-                raise ConfigError(f"config key 'report_to': unknown logger {name!r} (console, tensorboard, wandb, none)")
-            if name in ("tensorboard", "wandb") and importlib.util.find_spec(name) is None:
-                raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
+        from nanorl.integrations.trackers import check_report_to
+
+        check_report_to(cfg.report_to)
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OnlineConfig):
@@ -369,5 +358,5 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping of key: value")
         values.update(loaded)
-    values.update({k: v for k, v in vars(args).items() if k != "config"})
-    return from_dict(cls, {**values, **extra})
+    flags = {k: v for k, v in vars(args).items() if k != "config"}
+    return from_dict(cls, {**values, **flags, **extra})  # the file, then the flags, then the names to resolve

@@ -43,32 +43,44 @@ class Batch:
     extra: dict  # name -> (b, C) per-token values padded with 0
 
 
+def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) ids and attention mask with every row right-aligned."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def right_pad(rows: list, width: int, fill=0, dtype=torch.float) -> torch.Tensor:
+    """(B, width) with every row (a list or a 1-D tensor) left-aligned, the rest `fill`."""
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.as_tensor(r, dtype=dtype)
+    return out
+
+
+def chunks(items, size: int) -> list:
+    """Consecutive slices of `items` of at most `size` (the last may be shorter): the micro-batches of a batch."""
+    return [items[s:s + size] for s in range(0, len(items), size)]
+
+
 def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device,
             per_token: dict[str, list[torch.Tensor]] | None = None) -> Batch:
     """Pad a list of (prompt, completion) pairs into a Batch; identical prompts are stored once.
     Padding is trimmed: P and C are the longest prompt and completion in this micro-batch."""
     unique: dict[tuple, int] = {}
     prompt_index = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], dtype=torch.long)
-    distinct = [list(p) for p in unique]
-    P, C, b = max(len(p) for p in distinct), max(max(len(c) for c in completions), 1), len(completions)
-    prompt_ids = torch.full((len(distinct), P), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(distinct), P), dtype=torch.long)
-    for i, p in enumerate(distinct):
-        prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[i, P - len(p):] = 1
-    completion_ids = torch.full((b, C), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((b, C))
-    for i, c in enumerate(completions):
-        completion_ids[i, :len(c)] = torch.tensor(c, dtype=torch.long)
-        loss_mask[i, :len(c)] = 1
-    extra = {}
-    for name, rows in (per_token or {}).items():
-        out = torch.zeros((b, C))
-        for i, row in enumerate(rows):
-            out[i, :len(row)] = row
-        extra[name] = out.to(device)
-    return Batch(prompt_ids.to(device), prompt_mask.to(device), prompt_index.to(device), completion_ids.to(device),
-                 loss_mask.to(device), extra)
+    prompt_ids, prompt_mask = left_pad([list(p) for p in unique], pad_id, device)  # (k, P)
+    C = max(max(len(c) for c in completions), 1)
+    completion_ids = right_pad(completions, C, pad_id, torch.long)  # (b, C)
+    loss_mask = right_pad([[1.0] * len(c) for c in completions], C)  # (b, C)
+    extra = {name: right_pad(rows, C).to(device) for name, rows in (per_token or {}).items()}
+    return Batch(prompt_ids, prompt_mask, prompt_index.to(device), completion_ids.to(device), loss_mask.to(device),
+                 extra)
 
 
 def encode_reply(tok, prompt, reply: str, system_prompt: str, max_length: int) -> tuple[list[int], list[int], bool]:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import torch
 
 from nanorl.config import DPOConfig
-from nanorl.data import collate
-from nanorl.evaluate import evaluate
+from nanorl.data import chunks, collate
 from nanorl.losses import dpo_loss
 from nanorl.logprobs import AUTO, sequence_logprobs
-from nanorl.offline import encode_rows, fit, sampler_for, setup
+from nanorl.offline import fit, setup
 from nanorl.tasks import get_task
-from nanorl.tasks.preferences import read_pairs
+from nanorl.tasks.preferences import encode_rows, read_pairs
 
 
 def pair_batch(rows, pad_id, device):
@@ -34,8 +33,8 @@ def pair_batch(rows, pad_id, device):
 def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torch.Tensor:
     """(n, 2): summed log-probs of the chosen and the rejected reply of each row."""
     out = []
-    for s in range(0, len(rows), micro):
-        logp, _ = sequence_logprobs(model, pair_batch(rows[s:s + micro], pad_id, device), backend=backend)  # (2b,)
+    for part in chunks(rows, micro):
+        logp, _ = sequence_logprobs(model, pair_batch(part, pad_id, device), backend=backend)  # (2b,)
         out.append(logp.view(2, -1).T.cpu())
     return torch.cat(out)
 
@@ -62,23 +61,15 @@ def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from P
         loss, st = dpo_loss(logp[:b], logp[b:], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
         return loss.sum(), {k: v.sum().item() for k, v in st.items()}
 
-    def run_eval(step: int) -> dict:
+    def run_eval() -> dict:
         logp = pair_logprobs(policy, eval_rows, pad, device, cfg.micro_batch_size, backend)  # (n, 2)
         ref = torch.stack([r["ref"] for r in eval_rows])
         loss, st = dpo_loss(logp[:, 0], logp[:, 1], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
-        metrics = {"eval/loss": loss.mean().item(), "eval/reward_acc": st["acc"].mean().item(),
-                   "eval/margin": st["margin"].mean().item(),
-                   "eval/chosen_reward": st["chosen_reward"].mean().item(),
-                   "eval/rejected_reward": st["rejected_reward"].mean().item(),
-                   # the model's own preference, meaningful before training too (implicit rewards start at 0)
-                   "eval/logp_pref_acc": (logp[:, 0] > logp[:, 1]).float().mean().item()}
-        if task is not None:
-            acc, _ = evaluate(sampler_for(policy, tok, backend), tok, task, cfg.max_new_tokens,
-                              system_prompt=cfg.system_prompt)
-            metrics.update({"eval/task_greedy_acc": acc["eval/greedy_acc"]})
-        logger.log_eval(metrics, step)
-        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-        return metrics
+        return {"eval/loss": loss.mean().item(), "eval/reward_acc": st["acc"].mean().item(),
+                "eval/margin": st["margin"].mean().item(), "eval/chosen_reward": st["chosen_reward"].mean().item(),
+                "eval/rejected_reward": st["rejected_reward"].mean().item(),
+                # the model's own preference, meaningful before training too (implicit rewards start at 0)
+                "eval/logp_pref_acc": (logp[:, 0] > logp[:, 1]).float().mean().item()}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, logger, "dpo")
+    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, logger, "dpo", task=task, backend=backend)

@@ -30,13 +30,12 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
             out = sampler.generate(ids, n, params, seed + start)
             texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
             scores = task.score([chunk[i // n] for i in range(len(texts))], texts, completion_ids=out.completion_ids)
-            for i, (comp, text, r) in enumerate(zip(out.completion_ids, texts, scores)):
-                ex = chunk[i // n]
-                rewards.append(r)
-                correct.append(r >= task.acc_threshold)
-                lengths.append(len(comp))
-                if name == "greedy":
-                    samples.append({"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields})
+            rewards += scores
+            correct += [r >= task.acc_threshold for r in scores]
+            lengths += [len(comp) for comp in out.completion_ids]
+            if name == "greedy":  # one completion per prompt
+                samples += [{"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
+                            for ex, text, r in zip(chunk, texts, scores)]
         per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, n)
         if name == "greedy":
             metrics["eval/greedy_acc"] = per_prompt.mean().item()

@@ -24,7 +24,6 @@ Deviations from the paper, each deliberate:
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from pathlib import Path
@@ -33,7 +32,8 @@ import torch
 
 from nanorl import checkpoint
 from nanorl.advantages import ESTIMATORS
-from nanorl.config import ConfigError, GRPOConfig, validate
+from nanorl.config import ConfigError, GRPOConfig
+from nanorl.data import chunks
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
@@ -58,8 +58,7 @@ def sequence_kl(ref, roll, cfg: GRPOConfig, pad_id: int, device, backend) -> tor
     PPO-RLHF do) needs per-token advantages: that is `nanorl ppo` (per-token k1 in the reward, GAE; with
     gae_lambda = gamma = 1 its advantages are exactly those returns-to-go minus the critic's baseline)."""
     out = []
-    for s in range(0, len(roll.completion_ids), cfg.micro_batch_size):
-        idx = range(s, min(s + cfg.micro_batch_size, len(roll.completion_ids)))
+    for idx in chunks(range(len(roll.completion_ids)), cfg.micro_batch_size):
         b = rows_batch(roll, idx, pad_id, device)
         ref_logp, _ = token_logprobs(ref, b, cfg.temperature, backend=backend)  # (b, C)
         out.append((kl_penalty(b.extra["old"], ref_logp, cfg.kl_estimator) * b.loss_mask).sum(-1).cpu())
@@ -69,24 +68,17 @@ def sequence_kl(ref, roll, cfg: GRPOConfig, pad_id: int, device, backend) -> tor
 def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
     """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): 0 up to max_len - buffer tokens,
     then a linear ramp down to -1 at max_len (and -1 beyond). Added to the task reward."""
-    start = max_len - buffer
-    if length <= start:
-        return 0.0
-    if length <= max_len:
-        return (start - length) / buffer
-    return -1.0
+    return max(-1.0, min(0.0, (max_len - buffer - length) / buffer))  # the ramp, clamped to [-1, 0]
 
 
 def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor | None, list[bool]]:
     """The one place `overlong` is read -> (a reward penalty (N,) or None, which rows may train).
     soft: DAPO eq. 13, a penalty ramping 0 -> -1 over the last `overlong_buffer` tokens; filter: DAPO's
     overlong filtering, truncated completions carry no loss at all (nor count in its normaliser)."""
-    lengths, keep = [len(c) for c in roll.completion_ids], [True] * len(roll.completion_ids)
+    keep = [not t for t in roll.truncated] if cfg.overlong == "filter" else [True] * len(roll.truncated)
     if cfg.overlong == "soft":
         buffer = cfg.overlong_buffer or max(1, cfg.max_new_tokens // 4)
-        return torch.tensor([overlong_penalty(n, cfg.max_new_tokens, buffer) for n in lengths]), keep
-    if cfg.overlong == "filter":
-        keep = [not t for t in roll.truncated]
+        return torch.tensor([overlong_penalty(len(c), cfg.max_new_tokens, buffer) for c in roll.completion_ids]), keep
     return None, keep
 
 
@@ -96,7 +88,6 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     # ------------------------------------------------------------------ setup
     if not isinstance(cfg, GRPOConfig):
         raise ConfigError(f"nanorl.grpo.train takes a GRPOConfig, got {type(cfg).__name__} (PPO: nanorl.ppo.train)")
-    validate(cfg)
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, model, reward_funcs)  # seeds, task, resume?
     policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer)
@@ -136,11 +127,10 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
                     texts = [texts[g * G + j] for g in keep for j in range(G)]
                 break
             refills += 1
-            more = [task.train[i] for i in random.Random(derive_seed(cfg.seed, step, "refill", refills)).sample(
-                range(len(task.train)), cfg.prompts_per_step)]
-            r2, t2, rw2, _ = rollout_and_score(sampler, tok, task, rm, more, cfg,
-                                               derive_seed(cfg.seed, step, "rollout", refills), timer, device, backend,
-                                               step)
+            draw = random.Random(derive_seed(cfg.seed, step, "refill", refills))
+            more = [task.train[i] for i in draw.sample(range(len(task.train)), cfg.prompts_per_step)]
+            seed = derive_seed(cfg.seed, step, "rollout", refills)
+            r2, t2, rw2, _ = rollout_and_score(sampler, tok, task, rm, more, cfg, seed, timer, device, backend, step)
             examples, roll, texts, rewards = examples + more, roll + r2, texts + t2, torch.cat([rewards, rw2])
         batch = len(roll.completion_ids)
         t2 = time.perf_counter()
@@ -166,14 +156,13 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
         for _epoch in range(cfg.epochs):
             perm = list(range(batch)) if on_policy else torch.randperm(batch, generator=shuffle).tolist()
-            for mb_start in range(0, batch, mb_size):
-                mb = [i for i in perm[mb_start:mb_start + mb_size] if trainable[i]]
+            for part in chunks(perm, mb_size):
+                mb = [i for i in part if trainable[i]]
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=on_policy, pad_id=pad_id, device=device,
                                         backend=backend, ref=None if kl_in_reward else ref, loss_agg=cfg.loss_agg,
                                         ratio_level=cfg.ratio_level, learner_old=learner_old)
-                stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
-                stats["skipped"] = int(not math.isfinite(stats["grad_norm"]))  # a non-finite update was skipped
-                merge_stats(sums, stats)
+                grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
+                merge_stats(sums, stats, grad_norm)
         sampler.sync_weights(policy)
         t3 = time.perf_counter()
 

@@ -25,19 +25,19 @@ class Logger:
     """The interface, doing nothing: a logger overrides what it records. Loggers([]) is the silent one."""
 
     def log(self, metrics: dict, step: int) -> None:
-        pass
+        """A step's metrics, after the step (`step` counts from 1)."""
 
     def log_eval(self, metrics: dict, step: int) -> None:
-        pass
+        """An evaluation's metrics (step 0: before any training)."""
 
     def log_samples(self, records: list[dict], step: int) -> None:
-        pass
+        """A few of the step's completions with their rewards."""
 
     def rewind(self, step: int) -> None:
-        pass
+        """A run resumed from its checkpoint of `step`: forget what was recorded after that step."""
 
     def close(self) -> None:
-        pass
+        """The run is over: flush and release what the logger holds."""
 
 
 class JsonlLogger(Logger):
@@ -96,46 +96,34 @@ def console_line(metrics: dict, step: int, total: int | None) -> str:
     return " ".join(parts)
 
 
-class ConsoleLogger(Logger):
-    """One line per step, also when the output is not a terminal (logs, CI, nohup); beside the progress bar.
-    (The loops print their evaluations themselves.)"""
-
-    def __init__(self, total_steps: int | None = None):
-        self.total = total_steps
-
-    def log(self, metrics: dict, step: int) -> None:
-        tqdm.write(console_line(metrics, step, self.total))
-
-
 class Loggers(Logger):
-    """Several loggers as one."""
+    """Several loggers as one: each call goes to every one of them, in order."""
 
     def __init__(self, loggers: list):
         self.loggers = loggers
 
-    def log(self, metrics: dict, step: int) -> None:
+    def _each(self, method: str, *args) -> None:
         for lg in self.loggers:
-            lg.log(metrics, step)
+            getattr(lg, method)(*args)
+
+    def log(self, metrics: dict, step: int) -> None:
+        self._each("log", metrics, step)
 
     def log_eval(self, metrics: dict, step: int) -> None:
-        for lg in self.loggers:
-            lg.log_eval(metrics, step)
+        self._each("log_eval", metrics, step)
 
     def log_samples(self, records: list[dict], step: int) -> None:
-        for lg in self.loggers:
-            lg.log_samples(records, step)
+        self._each("log_samples", records, step)
 
     def rewind(self, step: int) -> None:
-        for lg in self.loggers:
-            lg.rewind(step)
+        self._each("rewind", step)
 
     def close(self) -> None:
-        for lg in self.loggers:
-            lg.close()
+        self._each("close")
 
 
 class Callback(Logger):
-    """A function from Python called as fn(step, metrics) after every step: train(cfg, callbacks=[fn])."""
+    """A function called as fn(step, metrics) after every step: the console line, or train(cfg, callbacks=[fn])."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -153,7 +141,9 @@ def make_logger(out_dir: Path, report_to: str = "console", append: bool = False,
     from nanorl.integrations.trackers import tracker
 
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
-    others = [ConsoleLogger(total_steps) if n == "console" else tracker(n, Path(out_dir), config, append)
-              for n in chosen]
+    # the console: one line per step beside the progress bar, also when the output is not a terminal (logs, CI,
+    # nohup); the loops print their evaluations themselves
+    console = Callback(lambda step, metrics: tqdm.write(console_line(metrics, step, total_steps)))
+    others = [console if n == "console" else tracker(n, Path(out_dir), config, append) for n in chosen]
     others += [c if isinstance(c, Logger) else Callback(c) for c in callbacks]  # a Logger sees evals and samples too
     return Loggers([JsonlLogger(out_dir, append), *others])

@@ -25,19 +25,6 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False, backend: Backend = AUTO):
-    """Log-probs of each completion token under softmax(logits / temperature), for a `data.Batch`.
-
-    Two forwards that together cost one: the k distinct prompts once (keeping the KV cache and the
-    last position's logits), then the b completions on top of the cache, repeated per sequence with
-    autograd-friendly indexing so gradients from every sample reach the shared prompt. Logits are
-    computed only at positions that predict completion tokens, never for the prompt.
-    Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C) (with its gradient).
-    """
-    with backend.forward(model):
-        return _token_logprobs(model, batch, temperature, with_entropy)
-
-
 def select_cache_rows(cache, idx: torch.Tensor) -> None:
     """Keep rows idx (repeats allowed) of every layer's keys and values, in place. index_select, not the
     advanced indexing of transformers' batch_select_indices: the latter's backward adds repeated rows with
@@ -48,28 +35,37 @@ def select_cache_rows(cache, idx: torch.Tensor) -> None:
             layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
 
 
-def _token_logprobs(model, batch, temperature: float, with_entropy: bool):
+def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False, backend: Backend = AUTO):
+    """Log-probs of each completion token under softmax(logits / temperature), for a `data.Batch`.
+
+    Two forwards that together cost one: the k distinct prompts once (keeping the KV cache and the
+    last position's logits), then the b completions on top of the cache, repeated per sequence with
+    autograd-friendly indexing so gradients from every sample reach the shared prompt. Logits are
+    computed only at positions that predict completion tokens, never for the prompt.
+    Returns logp (b, C) and, if asked, the policy entropy at those positions (b, C) (with its gradient).
+    """
     from transformers import DynamicCache
 
-    kw = cache_kwarg(model)
-    pmask, idx = batch.prompt_mask, batch.prompt_index
-    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)  # (k, P) left padding safe
-    cache = DynamicCache()
-    out = model(input_ids=batch.prompt_ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
-                logits_to_keep=1, **{kw: cache})
-    first = out.logits[:, -1].index_select(0, idx)  # (b, V): predicts the first completion token
-    select_cache_rows(cache, idx)  # (k, ...) -> (b, ...), differentiable
-    C, target = batch.completion_ids.shape[1], batch.completion_ids  # (b, C)
-    logp, entropy = selected_logprobs(first, target[:, 0], temperature, with_entropy)  # (b,) each
-    logp, entropy = [logp[:, None]], [entropy[:, None]]
-    if C > 1:  # the last completion token is never an input: nothing after it is scored
-        inputs = target[:, :-1]  # (b, C - 1)
-        cpos = ppos[idx, -1:] + 1 + torch.arange(C - 1, device=idx.device)  # (b, C - 1)
-        attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
-        out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
-        rest = selected_logprobs(out.logits.flatten(0, 1), target[:, 1:].flatten(), temperature, with_entropy)
-        logp.append(rest[0].view(-1, C - 1)), entropy.append(rest[1].view(-1, C - 1))
-    return torch.cat(logp, 1), torch.cat(entropy, 1) if with_entropy else None  # (b, C) each
+    with backend.forward(model):
+        kw = cache_kwarg(model)
+        pmask, idx = batch.prompt_mask, batch.prompt_index
+        ppos = (pmask.cumsum(-1) - 1).clamp(min=0)  # (k, P) left padding safe
+        cache = DynamicCache()
+        out = model(input_ids=batch.prompt_ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
+                    logits_to_keep=1, **{kw: cache})
+        first = out.logits[:, -1].index_select(0, idx)  # (b, V): predicts the first completion token
+        select_cache_rows(cache, idx)  # (k, ...) -> (b, ...), differentiable
+        C, target = batch.completion_ids.shape[1], batch.completion_ids  # (b, C)
+        logp, entropy = selected_logprobs(first, target[:, 0], temperature, with_entropy)  # (b,) each
+        logp, entropy = [logp[:, None]], [entropy[:, None]]
+        if C > 1:  # the last completion token is never an input: nothing after it is scored
+            inputs = target[:, :-1]  # (b, C - 1)
+            cpos = ppos[idx, -1:] + 1 + torch.arange(C - 1, device=idx.device)  # (b, C - 1)
+            attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
+            out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
+            rest = selected_logprobs(out.logits.flatten(0, 1), target[:, 1:].flatten(), temperature, with_entropy)
+            logp.append(rest[0].view(-1, C - 1)), entropy.append(rest[1].view(-1, C - 1))
+        return torch.cat(logp, 1), torch.cat(entropy, 1) if with_entropy else None  # (b, C) each
 
 
 class _SelectedLogprobs(torch.autograd.Function):

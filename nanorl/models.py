@@ -11,7 +11,7 @@ import torch
 
 from nanorl.config import ConfigError
 from nanorl.integrations.hub import resolve_model_path, tiny_model_and_tokenizer  # noqa: F401 (tests import it here)
-from nanorl.integrations.lora import add_adapters, is_adapter
+from nanorl.integrations.lora import add_adapters, is_adapter, load_adapter
 
 
 def resolve_device(name: str) -> torch.device:
@@ -28,8 +28,6 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if is_adapter(name):
-        from nanorl.integrations.lora import load_adapter
-
         return load_adapter(name, device, dtype, load_base=load_model)
     if name == "tiny":
         model, tok = tiny_model_and_tokenizer()

@@ -1,9 +1,10 @@
 """The loop shared by the offline trainers (DPO, SFT, reward model): epochs -> batches -> micro-batches.
 
 Each trainer supplies `micro_loss(rows) -> (summed loss, summed stats)` over a few rows and
-`run_eval(step) -> metrics`; the loop divides by a count of the whole batch (rows, or tokens for
-SFT), so the gradient is the same for any micro_batch_size, steps the optimizer, logs, evaluates,
-and saves the final model. Stats are reported as means per row.
+`run_eval() -> held-out metrics`; the loop divides by a count of the whole batch (rows, or tokens for
+SFT), so the gradient is the same for any micro_batch_size, steps the optimizer, logs, evaluates
+(adding a task's greedy accuracy for DPO and SFT), and saves the final model. Stats are reported as
+means per row.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from nanorl import checkpoint, distributed
-from nanorl.backends import select_backend
+from nanorl.backends import Backend, select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
-from nanorl.data import encode_reply
+from nanorl.data import chunks
+from nanorl.evaluate import evaluate
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
+from nanorl.logprobs import AUTO
 from nanorl.models import load_model, resolve_device, stop_token_ids, trainable
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
@@ -38,8 +41,8 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
     model, tok = load(cfg.model, device, dtype)
-    model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS")  # LoRA when cfg.lora_r > 0
-    model.eval()  # no dropout: the reference pass and the update see the same function
+    # LoRA when cfg.lora_r > 0; eval mode, no dropout: the reference pass and the update see the same function
+    model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS").eval()
     out = Path(cfg.out_dir)
     logger = make_logger(out, cfg.report_to, config=cfg)
     if distributed.is_main():
@@ -48,32 +51,25 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     return model, tok, device, backend, logger
 
 
-def sampler_for(model, tok, backend) -> LocalSampler:
-    """The sampler the task evaluation of DPO and SFT generates with."""
-    return LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
-
-
-def encode_rows(tok, pairs, cfg: OfflineConfig, fields=("chosen", "rejected")) -> list[dict]:
-    """Token ids of each pair's prompt and of its `fields` replies (each ending in EOS), and whether a
-    reply was cut to max_length. A prompt that leaves no room raises, naming it, before any training."""
-    rows = []
-    for p in pairs:
-        row, cut = {}, False
-        for f in fields:
-            row["prompt"], row[f], c = encode_reply(tok, p.prompt, getattr(p, f), cfg.system_prompt, cfg.max_length)
-            cut = cut or c
-        rows.append({**row, "cut": cut})
-    return rows
-
-
 def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger, name: str,
-        normaliser=len) -> dict:
-    """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens."""
+        normaliser=len, task=None, backend: Backend = AUTO) -> dict:
+    """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens. With a
+    `task` (DPO, SFT) each evaluation also measures the greedy accuracy on its held-out prompts."""
     t_start = time.perf_counter()
-    steps_per_epoch = -(-len(rows) // cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
+    total = cfg.epochs * -(-len(rows) // cfg.batch_size)  # optimizer steps: a partial last batch is one too
     opt, sched = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
-    first = last = run_eval(0)
+
+    def evaluate_and_log(step: int) -> dict:  # the trainer's held-out metrics, then the task's accuracy
+        metrics = run_eval()
+        if task is not None:
+            sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
+            acc, _ = evaluate(sampler, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
+            metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
+        logger.log_eval(metrics, step)
+        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        return metrics
+
+    first = last = evaluate_and_log(0)
     bar = tqdm(total=total, desc=name, dynamic_ncols=True, disable=None)
     step = bad_steps = 0
     for epoch in range(cfg.epochs):
@@ -85,8 +81,8 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             batch = [rows[i] for i in order[start:start + cfg.batch_size]]
             sums: dict = {}
             norm = normaliser(batch)  # a count over the whole batch: micro-batching is invisible
-            for m in range(0, len(batch), cfg.micro_batch_size):
-                loss, stats = micro_loss(batch[m:m + cfg.micro_batch_size])
+            for part in chunks(batch, cfg.micro_batch_size):
+                loss, stats = micro_loss(part)
                 (loss / norm).backward()
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
@@ -99,7 +95,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
                        "optim/lr": sched.get_last_lr()[0],
                        "time/step": time.perf_counter() - t0, "time/elapsed": time.perf_counter() - t_start}
             if step % cfg.eval_every == 0 or step == total:
-                last = run_eval(step)
+                last = evaluate_and_log(step)
                 metrics.update(last)
             logger.log(metrics, step)
             bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step)

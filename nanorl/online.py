@@ -26,12 +26,13 @@ from tqdm.auto import tqdm
 
 from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
-from nanorl.config import ConfigError, OnlineConfig, to_dict
-from nanorl.data import encode_reply, render_prompt
+from nanorl.config import ConfigError, OnlineConfig, to_dict, validate
+from nanorl.data import chunks, encode_reply, render_prompt
 from nanorl.evaluate import evaluate
 from nanorl.logprobs import AUTO
 from nanorl.integrations.lora import AdapterOff, is_adapter
 from nanorl.models import check_tokenizer, load_model, resolve_device, trainable
+from nanorl.reward_model import load_reward_model, rm_scores
 from nanorl.sampling import SamplingParams
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task, parse_reward_spec, task_from_config
@@ -39,11 +40,10 @@ from nanorl.tasks import Task, parse_reward_spec, task_from_config
 
 def prompt_order(n_train: int, seed: int, step: int, count: int) -> list[int]:
     """Indices of the training prompts for `step`: a seeded shuffle per pass over the split."""
-    out = []
-    for k in range(step * count, (step + 1) * count):
-        epoch, i = divmod(k, n_train)
-        out.append(random.Random(derive_seed(seed, epoch, "data")).sample(range(n_train), n_train)[i])
-    return out
+    def order(epoch: int) -> list[int]:  # the shuffle of pass `epoch`
+        return random.Random(derive_seed(seed, epoch, "data")).sample(range(n_train), n_train)
+
+    return [order(k // n_train)[k % n_train] for k in range(step * count, (step + 1) * count)]
 
 
 def sampling_params(cfg: OnlineConfig) -> SamplingParams:
@@ -55,9 +55,10 @@ def sampling_params(cfg: OnlineConfig) -> SamplingParams:
 
 def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     """The first lines of every online loop -> the config as run, device, backend, the weights' dtype, the task,
-    whether `ckpt` is resumed. The backend's process settings are taken and the global RNGs seeded, and every
-    reward checked against the data, before any model exists. A task (or datasets.Dataset), reward functions or
-    a model given from Python are recorded in the config (config.json) by name."""
+    whether `ckpt` is resumed. The config is validated, the backend's process settings are taken and the global
+    RNGs seeded, and every reward checked against the data, before any model exists. A task (or datasets.Dataset),
+    reward functions or a model given from Python are recorded in the config (config.json) by name."""
+    validate(cfg)
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
@@ -125,8 +126,6 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
         ref = start if start is not None else load_model(cfg.model, device, dtype)[0]
         ref.eval().requires_grad_(False)
     if cfg.reward_model:
-        from nanorl.reward_model import load_reward_model
-
         model, rm_tok = load_reward_model(cfg.reward_model, device, dtype)
         rm = (model.eval().requires_grad_(False), rm_tok)
     return policy, tok, ref, rm
@@ -146,8 +145,7 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     def gib(m):
         return sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30
 
-    if distributed.is_main():
-        out.mkdir(parents=True, exist_ok=True)
+    if distributed.is_main():  # the logger made the folder
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     policy = models["policy"]
     memory = ", ".join(f"{k} {gib(m):.2f} GiB" for k, m in models.items() if m is not None)
@@ -189,12 +187,9 @@ def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig,
 @torch.no_grad()
 def rm_score(model, rm_tok, examples, texts, cfg: OnlineConfig, device, backend: Backend = AUTO) -> torch.Tensor:
     """The reward model's scores, re-tokenised with its own tokenizer (it may differ from the policy's)."""
-    from nanorl.reward_model import rm_scores
-
     G, out = cfg.samples_per_prompt, []
     rows = [encode_reply(rm_tok, examples[i // G].prompt, t, cfg.system_prompt, 4096)[:2] for i, t in enumerate(texts)]
-    for s in range(0, len(rows), cfg.micro_batch_size):
-        part = rows[s:s + cfg.micro_batch_size]
+    for part in chunks(rows, cfg.micro_batch_size):
         out.append(rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device,
                              backend).cpu())
     return torch.cat(out)
@@ -207,11 +202,10 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
 
 
 def reward_metrics(rewards: torch.Tensor, parts: dict, G: int, threshold: float = 1.0) -> dict:
-    out = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-           "reward/acc": (next(iter(parts.values())) >= threshold).float().mean().item(),  # of the first rule part
-           "reward/frac_groups_with_variance": len(informative_groups(rewards, G)) / (len(rewards) // G)}
-    out.update({f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()})  # over the samples it scored
-    return out
+    return {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
+            "reward/acc": (next(iter(parts.values())) >= threshold).float().mean().item(),  # of the first rule part
+            "reward/frac_groups_with_variance": len(informative_groups(rewards, G)) / (len(rewards) // G),
+            **{f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()}}  # over the samples it scored
 
 
 def rollout_metrics(roll) -> dict:

@@ -18,7 +18,6 @@ Deviations: dropout stays off; advantages are whitened over the whole batch once
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -26,10 +25,10 @@ import torch
 
 from nanorl import checkpoint
 from nanorl.advantages import gae, whiten
-from nanorl.config import ConfigError, PPOConfig, validate
+from nanorl.config import ConfigError, PPOConfig
+from nanorl.data import chunks, right_pad
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
-from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty, value_loss
 from nanorl.models import stop_token_ids, trainable
 from nanorl.online import (check_context, describe, due, finish, first_eval, load_models, postfix, prepare, progress,
@@ -38,15 +37,7 @@ from nanorl.online import (check_context, describe, due, finish, first_eval, loa
 from nanorl.reward_model import load_reward_model, token_values
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
-from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
-
-
-def padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Stack 1-D tensors of different lengths into (N, width), padding with 0."""
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
+from nanorl.update import learner_logprobs, merge_stats, policy_backward, update_metrics
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -62,7 +53,6 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     # ------------------------------------------------------------------ setup
     if not isinstance(cfg, PPOConfig):
         raise ConfigError(f"nanorl.ppo.train takes a PPOConfig, got {type(cfg).__name__}")
-    validate(cfg)
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     critic_ckpt = out / "checkpoint_critic"
     cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task, resume?
@@ -103,19 +93,17 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
 
         # -------------------------------------------------------------- values, KL, per-token rewards
         C = max(len(c) for c in roll.completion_ids)
-        mask = padded([torch.ones(len(c)) for c in roll.completion_ids], C)  # (N, C)
-        sampler_logp = padded(roll.logprobs, C)  # (N, C) the rollout policy's log-probs
-        old_values, ref_logp = torch.zeros(batch, C), sampler_logp.clone()
+        mask = right_pad([torch.ones(len(c)) for c in roll.completion_ids], C)  # (N, C)
+        sampler_logp = right_pad(roll.logprobs, C)  # (N, C) the rollout policy's log-probs
+        old_values = torch.zeros(batch, C)
         with torch.no_grad():
-            for s in range(0, batch, cfg.micro_batch_size):
-                idx = list(range(s, min(s + cfg.micro_batch_size, batch)))
+            for idx in chunks(list(range(batch)), cfg.micro_batch_size):
                 v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
                                  pad_id, device, backend)  # (b, c)
                 old_values[idx, :v.shape[1]] = v.cpu()
-                if ref is not None:
-                    r, _ = token_logprobs(ref, rows_batch(roll, idx, pad_id, device), cfg.temperature,
-                                          backend=backend)  # (b, c)
-                    ref_logp[idx, :r.shape[1]] = r.cpu()
+        ref_logp = sampler_logp  # (N, C) the reference's log-probs; without one the sampler's: a KL of 0
+        if ref is not None:
+            ref_logp = right_pad(learner_logprobs(ref, roll, cfg, pad_id, device, backend), C)
         kl = kl_penalty(sampler_logp, ref_logp, cfg.kl_estimator) * mask  # (N, C), 0 without a reference
         token_rewards = -cfg.kl_coef * kl
         last_token = mask.sum(-1).long() - 1  # (N,) index of each completion's last token
@@ -126,24 +114,20 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         adv = whiten(adv_raw, mask)
 
         # -------------------------------------------------------------- update: actor and critic
-        sums, vsums, epochs_run = {}, {"loss": 0.0, "clipped": 0.0}, 0
+        sums, vsums = {}, {"loss": 0.0, "clipped": 0.0}
         learner_old = learner_logprobs(policy, roll, cfg, pad_id, device, backend) if cfg.is_mode != "none" else None
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
-        for _epoch in range(cfg.epochs):
-            epochs_run += 1
+        for epochs_run in range(1, cfg.epochs + 1):  # after the loop: the epochs run (target_kl may stop early)
             perm = torch.randperm(batch, generator=shuffle).tolist()
             kl_sum, kl_tokens = 0.0, 0
-            for mb_start in range(0, batch, mb_size):
-                mb = perm[mb_start:mb_start + mb_size]
+            for mb in chunks(perm, mb_size):
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=False, pad_id=pad_id, device=device,
                                         backend=backend, learner_old=learner_old)
-                stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)
-                stats["skipped"] = int(not math.isfinite(stats["grad_norm"]))  # a non-finite update was skipped
-                merge_stats(sums, stats)
+                grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
+                merge_stats(sums, stats, grad_norm)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]
                 n_tokens = int(mask[mb].sum())  # the critic's normaliser: tokens of the whole minibatch
-                for s in range(0, len(mb), cfg.micro_batch_size):
-                    idx = mb[s:s + cfg.micro_batch_size]
+                for idx in chunks(mb, cfg.micro_batch_size):
                     v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
                                      pad_id, device, backend)  # (b, c)
                     c = v.shape[1]

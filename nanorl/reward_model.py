@@ -18,34 +18,24 @@ import torch.nn.functional as F
 
 from nanorl.config import RMConfig
 from nanorl.backends import Backend
-from nanorl.integrations.hub import ALIASES
+from nanorl.data import chunks, left_pad
+from nanorl.integrations.hub import is_sequence_classifier
 from nanorl.integrations.lora import is_adapter, load_adapter
 from nanorl.logprobs import AUTO
 from nanorl.models import load_model
-from nanorl.offline import encode_rows, fit, setup
-from nanorl.sampling import left_pad
-from nanorl.tasks.preferences import read_pairs
+from nanorl.offline import fit, setup
+from nanorl.tasks.preferences import encode_rows, read_pairs
 
 
 def load_reward_model(name: str, device, dtype=torch.float32):
     """A sequence-classification model (ours, or a decoder-style one from the hub with a `score` head:
     Llama, Qwen2, Mistral, Gemma, ...), or a fresh scalar head on the backbone of a causal LM
     (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
-    from pathlib import Path
-
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-
-    def is_classifier() -> bool:  # a folder or hub id of a sequence-classification model
-        if name in ALIASES or name.endswith(".gguf") or not (Path(name).is_dir() or "/" in name):
-            return False
-        try:
-            return any(a.endswith("ForSequenceClassification") for a in AutoConfig.from_pretrained(name).architectures or [])
-        except (OSError, ValueError):
-            return False
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if is_adapter(name):  # trained with LoRA: its base (a scalar head on a backbone) with the adapter on top
         return load_adapter(name, device, dtype, load_base=load_reward_model)
-    if is_classifier():
+    if is_sequence_classifier(name):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
         tok = AutoTokenizer.from_pretrained(name)
         tok.pad_token = tok.pad_token or tok.eos_token
@@ -118,14 +108,11 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
         return -F.logsigmoid(margin).sum(), {"acc": (margin > 0).sum().item(), "margin": margin.sum().item()}
 
     @torch.no_grad()
-    def run_eval(step: int) -> dict:
-        parts = [scores(eval_rows[s:s + cfg.micro_batch_size]) for s in range(0, len(eval_rows), cfg.micro_batch_size)]
+    def run_eval() -> dict:
+        parts = [scores(part) for part in chunks(eval_rows, cfg.micro_batch_size)]
         margin = torch.cat([w - l for w, l in parts])
-        metrics = {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
-                   "eval/margin": margin.mean().item()}
-        logger.log_eval(metrics, step)
-        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-        return metrics
+        return {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
+                "eval/margin": margin.mean().item()}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "rm")

@@ -17,7 +17,6 @@ top-k / top-p truncation, so it is exactly what `token_logprobs` computes for th
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from nanorl.backends import Backend
+from nanorl.data import left_pad
 from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
 
 
@@ -55,18 +55,6 @@ class Rollouts:
     def __add__(self, other: "Rollouts") -> "Rollouts":
         return Rollouts(self.prompt_ids + other.prompt_ids, self.completion_ids + other.completion_ids,
                         self.logprobs + other.logprobs, self.truncated + other.truncated, self.n)
-
-
-def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L) ids and attention mask with every row right-aligned."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator):
@@ -121,11 +109,9 @@ class Sampler(Protocol):
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> Rollouts:
         """n completions of each prompt (token ids), with the policy's log-prob of every sampled token."""
-        ...
 
     def sync_weights(self, model) -> None:
         """Called after each update with the trained model: an engine holding its own copy loads it here."""
-        ...
 
 
 class LocalSampler:
@@ -144,16 +130,6 @@ class LocalSampler:
 
     def sync_weights(self, model) -> None:
         assert model is self.model, "LocalSampler samples from the model it was built with"
-
-
-@torch.no_grad()
-def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
-             seed: int, pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
-    """Sample n completions for each prompt; deterministic for a given seed, model and device. `lean=False`
-    decodes with the model's own forward even where backends/decode.py's faster step applies."""
-    with backend.forward(model, pack_weights=True) as packed:
-        decoder = functools.partial(backend.decoder, model, packed) if lean else None
-        return _generate(model, prompts, n, params, stop_ids, seed, pad_id, decoder)
 
 
 class ModelStep:
@@ -177,47 +153,52 @@ class ModelStep:
         return out.logits[:, -1]  # (A, V)
 
 
-def _generate(model, prompts, n, params, stop_ids, seed, pad_id, decoder) -> Rollouts:
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
+             seed: int, pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
+    """Sample n completions for each prompt; deterministic for a given seed, model and device. `lean=False`
+    decodes with the model's own forward even where backends/decode.py's faster step applies."""
     from transformers import DynamicCache
 
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    stops = torch.tensor(stop_ids, device=device)
+    with backend.forward(model, pack_weights=True) as packed:
+        device = next(model.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        stops = torch.tensor(stop_ids, device=device)
 
-    # --- prefill: each distinct prompt once; its cache serves the n samples of its group
-    ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{cache_kwarg(model): cache})
-    logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
-    next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (N,)
-    step = (decoder and decoder(cache, mask, n, params.max_new_tokens)) or ModelStep(model, cache, mask, n)
+        # --- prefill: each distinct prompt once; its cache serves the n samples of its group
+        ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                    **{cache_kwarg(model): cache})
+        logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
+        next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (N,)
+        step = (lean and backend.decoder(model, packed, cache, mask, n, params.max_new_tokens)
+                or ModelStep(model, cache, mask, n))  # backends/decode.py's step where it applies, else the model's
 
-    N = len(prompts) * n
-    alive = torch.arange(N, device=device)  # rows of the full batch still generating
-    tokens: list[list[int]] = [[] for _ in range(N)]
-    logps: list[list[float]] = [[] for _ in range(N)]
-    truncated = [True] * N
+        N = len(prompts) * n
+        alive = torch.arange(N, device=device)  # rows of the full batch still generating
+        tokens: list[list[int]] = [[] for _ in range(N)]
+        logps: list[list[float]] = [[] for _ in range(N)]
+        truncated = [True] * N
 
-    # --- decode: one token per step for the rows still alive
-    for t in range(params.max_new_tokens):
-        token, lp = sample_token(logits, params, gen)  # (A,), (A,)
-        done = torch.isin(token, stops)
-        for row, tk, l, d in zip(alive.tolist(), token.tolist(), lp.tolist(), done.tolist()):
-            tokens[row].append(tk)
-            logps[row].append(l)
-            if d:
-                truncated[row] = False
-        if t == params.max_new_tokens - 1:
-            break
-        if done.any():  # drop finished rows from the batch
-            keep = (~done).nonzero().squeeze(-1)
-            if keep.numel() == 0:
+        # --- decode: one token per step for the rows still alive
+        for t in range(params.max_new_tokens):
+            token, lp = sample_token(logits, params, gen)  # (A,), (A,)
+            done = torch.isin(token, stops)
+            for row, tk, l, d in zip(alive.tolist(), token.tolist(), lp.tolist(), done.tolist()):
+                tokens[row].append(tk)
+                logps[row].append(l)
+                truncated[row] = not d  # a row that samples a stop token is done: it leaves the batch below
+            if t == params.max_new_tokens - 1:
                 break
-            alive, token, next_pos = alive[keep], token[keep], next_pos[keep]
-        logits = step(token, alive, next_pos, t)  # (A, V)
-        next_pos = next_pos + 1
+            if done.any():  # drop finished rows from the batch
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                alive, token, next_pos = alive[keep], token[keep], next_pos[keep]
+            logits = step(token, alive, next_pos, t)  # (A, V)
+            next_pos = next_pos + 1
 
-    return Rollouts(prompt_ids=[list(p) for p in prompts for _ in range(n)], completion_ids=tokens,
-                    logprobs=[torch.tensor(x) for x in logps], truncated=truncated, n=n)
+        return Rollouts(prompt_ids=[list(p) for p in prompts for _ in range(n)], completion_ids=tokens,
+                        logprobs=[torch.tensor(x) for x in logps], truncated=truncated, n=n)

@@ -15,10 +15,9 @@ from __future__ import annotations
 import torch
 
 from nanorl.config import SFTConfig
-from nanorl.data import collate
-from nanorl.evaluate import evaluate
+from nanorl.data import chunks, collate
 from nanorl.logprobs import AUTO, token_logprobs
-from nanorl.offline import fit, sampler_for, setup
+from nanorl.offline import fit, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import encode_sft, read_pairs
 
@@ -48,20 +47,13 @@ def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from P
         return nll, {"tokens": n}
 
     @torch.no_grad()
-    def run_eval(step: int) -> dict:
+    def run_eval() -> dict:
         nll, n = 0.0, 0
-        for s in range(0, len(eval_rows), cfg.micro_batch_size):
-            part_nll, part_n = reply_nll(model, eval_rows[s:s + cfg.micro_batch_size], pad, device, backend)
+        for part in chunks(eval_rows, cfg.micro_batch_size):
+            part_nll, part_n = reply_nll(model, part, pad, device, backend)
             nll, n = nll + part_nll.item(), n + part_n
-        metrics = {"eval/nll_per_token": nll / n}
-        if task is not None:
-            acc, _ = evaluate(sampler_for(model, tok, backend), tok, task, cfg.max_new_tokens,
-                              system_prompt=cfg.system_prompt)
-            metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
-        logger.log_eval(metrics, step)
-        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-        return metrics
+        return {"eval/nll_per_token": nll / n}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "sft",
-               normaliser=lambda batch: sum(sum(r["weight"]) for r in batch))
+               normaliser=lambda batch: sum(sum(r["weight"]) for r in batch), task=task, backend=backend)

@@ -3,17 +3,19 @@ backward of one minibatch, and the update's metrics. The loops (grpo.py, ppo.py)
 which rows train; this file turns them into gradients.
 
     stats = policy_backward(policy, roll, adv, rows, cfg, on_policy=True, pad_id=pad, device=dev, backend=be)
-    stats["grad_norm"] = optimizer_step(policy, opt, sched, cfg.grad_clip)   # NaN / inf: the update is skipped
-    merge_stats(sums, stats)
+    grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)   # NaN / inf: the update is skipped
+    merge_stats(sums, stats, grad_norm)
     metrics = update_metrics(sums, optimizer_steps)
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nanorl.backends import Backend
-from nanorl.data import collate
+from nanorl.data import chunks, collate
 from nanorl.logprobs import AUTO, token_logprobs
 from nanorl.losses import kl_penalty, loss_weights, mismatch_weights, policy_loss
 
@@ -40,14 +42,11 @@ def micro_batches(rows: list[int], roll, size: int) -> list[list[int]]:
     by_length = sorted(rows, key=length)
     by_group = sorted(rows, key=lambda i: (longest[key(i)], roll.prompt_ids[i], length(i)))
 
-    def split(order):
-        return [order[s:s + size] for s in range(0, len(order), size)]
-
     def cost(mbs):
         return sum(len({key(i) for i in mb}) * max(len(roll.prompt_ids[i]) for i in mb) + len(mb) * max(map(length, mb))
                    for mb in mbs)
 
-    return min(split(by_length), split(by_group), key=cost)
+    return min(chunks(by_length, size), chunks(by_group, size), key=cost)
 
 
 @torch.no_grad()
@@ -55,8 +54,7 @@ def learner_logprobs(policy, roll, cfg, pad_id: int, device, backend: Backend = 
     """The learner's own log-probs of every rollout token before the update (pi_old for an off-policy update
     whose sampler may disagree with the learner, cfg.is_mode): one no-grad forward, (N,) tensors of (len,)."""
     out = []
-    for s in range(0, len(roll.completion_ids), cfg.micro_batch_size):
-        idx = list(range(s, min(s + cfg.micro_batch_size, len(roll.completion_ids))))
+    for idx in chunks(list(range(len(roll.completion_ids))), cfg.micro_batch_size):
         logp, _ = token_logprobs(policy, rows_batch(roll, idx, pad_id, device), cfg.temperature, backend=backend)
         out += [logp[j, :len(roll.completion_ids[i])].cpu() for j, i in enumerate(idx)]
     return out
@@ -117,12 +115,11 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
     return stats
 
 
-def merge_stats(total: dict, new: dict) -> None:
-    for k, v in new.items():
-        if k == "ratio_min":
-            total[k] = min(total.get(k, v), v)
-        elif k == "ratio_max":
-            total[k] = max(total.get(k, v), v)
+def merge_stats(total: dict, new: dict, grad_norm: float) -> None:
+    """Add a minibatch's stats and its optimizer step's gradient norm (non-finite: a skipped update) to `total`."""
+    for k, v in {**new, "grad_norm": grad_norm, "skipped": int(not math.isfinite(grad_norm))}.items():
+        if k in ("ratio_min", "ratio_max"):
+            total[k] = (min if k == "ratio_min" else max)(total.get(k, v), v)
         else:
             total[k] = total.get(k, 0) + v
 

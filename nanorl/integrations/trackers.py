@@ -9,8 +9,11 @@ Each takes the step's metrics as they are written to metrics.jsonl (numbers only
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from pathlib import Path
+
+from nanorl.config import ConfigError
 
 
 class _Tracker:
@@ -75,3 +78,13 @@ def tracker(name: str, out_dir: Path, config=None, append: bool = False):
     if name not in TRACKERS:
         raise ValueError(f"config key 'report_to': unknown logger {name!r} (console, {', '.join(TRACKERS)}, none)")
     return TRACKERS[name](out_dir, config, append)
+
+
+def check_report_to(report_to: str) -> None:
+    """Config key 'report_to' (config.validate, before any model is loaded): every name known, every tracker
+    installed."""
+    for name in (n.strip() for n in report_to.split(",") if n.strip()):
+        if name not in ("console", *TRACKERS, "none"):
+            raise ConfigError(f"config key 'report_to': unknown logger {name!r} (console, tensorboard, wandb, none)")
+        if name in TRACKERS and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")

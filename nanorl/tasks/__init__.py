@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from nanorl.config import ConfigError
+from nanorl.tasks.builtin import builtin_rewards, builtin_task
 
 
 @dataclass
@@ -122,10 +123,7 @@ class Task:
 
 def load_reward(name: str) -> Callable:
     """A built-in reward by name, a `module:function`, or a `path/to/file.py:function`."""
-    import importlib
-    import importlib.util
-
-    from nanorl.tasks.builtin import builtin_rewards
+    import importlib.util  # binds importlib too
 
     builtin = builtin_rewards()
     if name in builtin:
@@ -169,21 +167,17 @@ def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
             w = float(weight) if weight else 1.0
         except ValueError:
             raise ConfigError(f"config key 'reward': weight of {name!r} must be a number, got {weight!r}") from None
-        parts.append((name.split(":")[-1] if ":" in name else name, load_reward(name), w))
+        parts.append((name.split(":")[-1], load_reward(name), w))  # module:function is logged as function
     if not parts:
         raise ConfigError("config key 'reward': empty reward spec")
     return parts
 
 
-def get_task(name, *, reward: str = "", digits: int = 2, operators: str = "+", eval_size: int = 200,
-             seed: int = 0, prompt_field: str = "prompt", answer_field: str = "answer", on_error: str = "raise",
-             acc_threshold: float = 1.0) -> Task:
-    """A built-in task, or data (a file, folder, hub id, or datasets.Dataset); a non-empty `reward` spec replaces
-    the task's own reward."""
-    from nanorl.tasks.builtin import builtin_task
-
-    task = builtin_task(name, digits=digits, operators=operators, eval_size=eval_size, seed=seed,
-                        prompt_field=prompt_field, answer_field=answer_field)
+def get_task(name, *, reward: str = "", on_error: str = "raise", acc_threshold: float = 1.0, **options) -> Task:
+    """A built-in task, or data (a file, folder, hub id, or datasets.Dataset), with builtin_task's `options`
+    (digits, operators, eval_size, seed, prompt_field, answer_field); a non-empty `reward` spec replaces the
+    task's own reward."""
+    task = builtin_task(name, **options)
     if reward:  # a spec, or reward functions from Python
         task.reward = parse_reward_spec(reward)
     task.on_error, task.acc_threshold = on_error, acc_threshold
@@ -193,6 +187,6 @@ def get_task(name, *, reward: str = "", digits: int = 2, operators: str = "+", e
 def task_from_config(cfg, source=None, reward=None) -> Task:
     """The task a config names (config.TaskConfig's fields: the one place they are read), or the same settings
     on a `source` (a datasets.Dataset) and `reward` functions given from Python."""
-    return get_task(cfg.task if source is None else source, reward=reward or cfg.reward, digits=cfg.digits, operators=cfg.operators, eval_size=cfg.eval_size,
-                    prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, on_error=cfg.reward_errors,
-                    acc_threshold=cfg.acc_threshold)
+    return get_task(cfg.task if source is None else source, reward=reward or cfg.reward, digits=cfg.digits,
+                    operators=cfg.operators, eval_size=cfg.eval_size, prompt_field=cfg.prompt_field,
+                    answer_field=cfg.answer_field, on_error=cfg.reward_errors, acc_threshold=cfg.acc_threshold)

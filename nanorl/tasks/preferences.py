@@ -2,6 +2,7 @@
 
     pairs = load_preferences("prefs.jsonl")                   # or "builtin:arithmetic" (ships with nanorl)
     train, held_out = read_pairs("prefs.parquet", "preference", eval_fraction=0.2)
+    rows = encode_rows(tok, pairs, cfg)                       # preference rows as token ids (DPO, reward model)
     rows = encode_sft(tok, pairs, cfg)                        # SFT rows as token ids with per-token weights
     python -m nanorl.tasks.preferences > arithmetic_prefs.jsonl   # regenerate the shipped set
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanorl.config import ConfigError
+from nanorl.data import encode_reply
 
 BUILTIN = {"builtin:arithmetic": Path(__file__).with_name("data") / "arithmetic_prefs.jsonl"}
 
@@ -132,9 +134,22 @@ def encode_conversation(tok, turns: list[dict], max_length: int) -> dict:
             "cut": len(weight) > max_length}
 
 
+def encode_rows(tok, pairs, cfg, fields=("chosen", "rejected")) -> list[dict]:
+    """Token ids of each pair's prompt and of its `fields` replies (each ending in EOS), and whether a
+    reply was cut to max_length. A prompt that leaves no room raises, naming it, before any training."""
+    rows = []
+    for p in pairs:
+        row, cut = {}, False
+        for f in fields:
+            row["prompt"], row[f], c = encode_reply(tok, p.prompt, getattr(p, f), cfg.system_prompt, cfg.max_length)
+            cut = cut or c
+        rows.append({**row, "cut": cut})
+    return rows
+
+
 def encode_sft(tok, pairs, cfg) -> list[dict]:
     """Token ids of each SFT row: a conversation (encode_conversation), plain text (the first token is the
-    context, every later one is trained) or a prompt with its reply (offline.encode_rows)."""
+    context, every later one is trained) or a prompt with its reply (encode_rows)."""
     rows = []
     for p in pairs:
         if p.turns is not None:
@@ -143,8 +158,6 @@ def encode_sft(tok, pairs, cfg) -> list[dict]:
             ids = (tok(p.chosen)["input_ids"] + [tok.eos_token_id])
             rows.append({"prompt": ids[:1], "chosen": ids[1:cfg.max_length], "cut": len(ids) > cfg.max_length})
         else:
-            from nanorl.offline import encode_rows
-
             rows += encode_rows(tok, [p], cfg, fields=("chosen",))
     for r, p in zip(rows, pairs):
         r.setdefault("weight", [1.0] * len(r["chosen"]))
