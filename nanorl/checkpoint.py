@@ -1,14 +1,22 @@
-"""Checkpoints in Hugging Face format (from_pretrained loads them) plus the trainer state to resume.
+"""Checkpoints in Hugging Face format (from_pretrained loads them) plus the trainer state to resume, and the run
+folder's safety: one run per folder, and a stop on SIGINT / SIGTERM that writes a checkpoint first.
 
-    out_dir/checkpoint/   latest resumable checkpoint: model + tokenizer + trainer_state.pt
-    out_dir/model/        the final model
+    out_dir/checkpoint/           latest resumable checkpoint: model + tokenizer + trainer_state.pt (+ critic/ for PPO)
+    out_dir/checkpoint-step<N>/   older ones, with keep_last > 1
+    out_dir/model/                the final model
+    lock(out_dir)                 a second run on the folder is refused while this process lives
+    for step in stoppable(range(...), save): ...   # a signal ends the step, saves, raises Interrupted
 Writes go to a temporary folder that is renamed into place, so an interrupt never leaves a broken one.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -21,8 +29,11 @@ def exists(path: Path) -> bool:
     return (Path(path) / "trainer_state.pt").is_file()
 
 
-def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None) -> None:
-    """Write the model, tokenizer and (with `opt`) the trainer state; only the main process writes."""
+def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None,
+         models: dict | None = None, keep_last: int = 1) -> None:
+    """Write the model, tokenizer, other `models` (e.g. {"critic": critic}, each in its own subfolder: all of them
+    are replaced in one rename) and, with `opt`, the trainer state; keep_last > 1 keeps the previous checkpoints as
+    checkpoint-step<N>. Only the main process writes."""
     if not distributed.is_main():
         return
     path = Path(path)
@@ -31,6 +42,10 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
     # a peft adapter alone; without save_embedding_layers peft looks its base model up on the hub
     model.save_pretrained(tmp, **({"save_embedding_layers": False} if hasattr(model, "peft_config") else {}))
     tok.save_pretrained(tmp)
+    for name, other in (models or {}).items():  # each loadable on its own (with the tokenizer)
+        other.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(other, "peft_config") else {}))
+        tok.save_pretrained(tmp / name)
+    (tmp / "step").write_text(str(step))
     if opt is not None:
         state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                  "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
@@ -40,6 +55,11 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
     if path.exists():
         path.rename(old)
     tmp.rename(path)
+    if keep_last > 1 and (old / "step").is_file():
+        old.rename(path.with_name(f"{path.name}-step{(old / 'step').read_text()}"))
+        older = sorted(path.parent.glob(f"{path.name}-step*"), key=lambda d: int(d.name.split("-step")[1]))
+        for stale in older[:-(keep_last - 1)]:
+            shutil.rmtree(stale)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -58,3 +78,55 @@ def load_state(path: Path, opt, sched) -> dict:
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
     return state
+
+
+def lock(out: Path) -> None:
+    """Take the run folder's lock for the rest of this process: another process starting a run on the same folder
+    is refused. The kernel drops the lock when the process ends, however it ends; this process may take it again."""
+    if not distributed.is_main():
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(out) / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode() or "?"
+        os.close(fd)
+        from nanorl.config import ConfigError
+
+        raise ConfigError(f"config key 'out_dir': {out} is in use by another nanorl run (pid {holder}); "
+                          f"wait for it to finish or use another out_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())  # the descriptor stays open: the lock lives as long as the process
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT or SIGTERM after writing its checkpoint."""
+
+    def __init__(self, signum: int, step: int, path: Path):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint written to {path}: "
+                         f"run the same command with --resume true to continue")
+
+
+def stoppable(steps, save, path: Path):
+    """The loop's steps. On SIGINT or SIGTERM the step under way finishes, `save(step)` writes a checkpoint and
+    Interrupted is raised; a second Ctrl-C stops at once. The signal handlers are the run's only while it runs."""
+    caught: list[int] = []
+
+    def handler(signum, frame):
+        if caught and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    try:
+        for step in steps:
+            yield step
+            if caught:
+                save(step + 1)
+                raise Interrupted(caught[0], step + 1, path)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -18,6 +18,7 @@ import sys
 
 from nanorl.config import (ConfigError, DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig,
                            parse_args)
+from nanorl.checkpoint import Interrupted
 from nanorl.tasks import RewardSetupError
 
 TRAINERS = {"train": ("nanorl.grpo", GRPOConfig), "ppo": ("nanorl.ppo", PPOConfig), "dpo": ("nanorl.dpo", DPOConfig),
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, FileNotFoundError, RewardSetupError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as e:  # SIGINT / SIGTERM: the checkpoint is written
+        print(f"nanorl: {e}", file=sys.stderr)
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

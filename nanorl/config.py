@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,8 @@ class OnlineConfig(RunConfig, TaskConfig):
     # --- eval, logging, checkpoints
     eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
-    save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = only at the end)")
+    save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = only at the end); SIGINT / SIGTERM also write one")
+    keep_last: int = _f(1, "checkpoints kept: the latest in checkpoint/, older ones as checkpoint-step<N>/")
     resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
 
 
@@ -227,11 +229,13 @@ CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_corr
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
            "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
            "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"),
-           "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge")}
+           "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge"),
+           "dtype": ("auto", "float32", "bf16-mixed", "bfloat16", "float16")}
 # What each key allows, for every config that has it: a test of the value, and what to say when it fails.
 RULES = {
     **dict.fromkeys(("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size",
-                     "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k"), (lambda v: v >= 1, ">= 1")),
+                     "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k", "keep_last"),
+                    (lambda v: v >= 1, ">= 1")),
     **dict.fromkeys(("max_bad_steps", "warmup_steps", "save_every", "top_k", "kl_coef", "weight_decay", "grad_clip",
                      "rm_weight", "rule_weight", "value_clip", "target_kl", "entropy_coef", "dynamic_sampling",
                      "lora_r"), (lambda v: v >= 0, ">= 0")),
@@ -239,7 +243,10 @@ RULES = {
     **dict.fromkeys(("gamma", "gae_lambda"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
     "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"), "is_cap": (lambda v: v > 1, "> 1"),
-    "clip_ratio_c": (lambda v: v == 0 or v > 1, "> 1, or 0 = off"),
+    "clip_ratio_c": (lambda v: v == 0 or v > 1, "> 1, or 0 = off"), "clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "clip_high": (lambda v: v >= 0, ">= 0"), "device": (lambda v: re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", v),
+                                                       "auto, cpu, cuda, cuda:N, mps or xpu"),
+    "out_dir": (lambda v: not Path(v).exists() or Path(v).is_dir(), "a folder (it is a file)"),
     "lora_dropout": (lambda v: v == 0, "0: nanorl runs every model without dropout, so the rollout and the update "
                                        "see the same function"),
 }
@@ -308,11 +315,16 @@ def validate(cfg) -> None:
         batch = cfg.prompts_per_step * cfg.samples_per_prompt
         if cfg.minibatch_size and batch % cfg.minibatch_size:
             raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
+        if cfg.samples_per_prompt < 2 and getattr(cfg, "adv_estimator", "batch") in ("group", "rloo", "group_batch"):
+            raise ConfigError(f"config key 'samples_per_prompt': a group-relative advantage ({cfg.adv_estimator}) "
+                              f"needs >= 2 samples per prompt (1 gives every sample advantage 0: nothing is learned)")
     if isinstance(cfg, GRPOConfig):
         changed = [k for k, v in PRESETS.get(cfg.algo, {}).items() if v != getattr(GRPOConfig, k)]
         if changed and all(getattr(cfg, k) == getattr(GRPOConfig, k) for k in changed):
             raise ConfigError(f"config key 'algo': {cfg.algo!r} is a preset; build it with "
                               f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)")
+        if cfg.kl_placement == "reward" and cfg.kl_coef == 0:
+            raise ConfigError("config key 'kl_placement': 'reward' needs a 'kl_coef' > 0 (with 0 no KL is computed)")
         if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
             raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
                               f"got {cfg.overlong_buffer}")
@@ -354,7 +366,10 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
         path = Path(args.config)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path}: not valid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping of key: value")
         values.update(loaded)

@@ -109,7 +109,11 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, cfg.algo)
-    for step in bar:
+
+    def save(done: int) -> None:  # a resumable checkpoint after step `done`
+        checkpoint.save(ckpt, policy, tok, opt, sched, done, keep_last=cfg.keep_last)
+
+    for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
         examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
@@ -184,7 +188,7 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
         bar.set_postfix(postfix(metrics))
         if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
-            checkpoint.save(ckpt, policy, tok, opt, sched, step + 1)
+            save(step + 1)
 
     # ------------------------------------------------------------------ finish
     return finish(cfg, out, policy, tok, first, last, t_start, logger)

@@ -139,6 +139,7 @@ def make_logger(out_dir: Path, report_to: str = "console", append: bool = False,
     if not distributed.is_main():
         return Loggers([])
     from nanorl.integrations.trackers import tracker
+    from nanorl.integrations.warnings import RunWarnings  # first: it adds warn/* keys the others then record
 
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
     # the console: one line per step beside the progress bar, also when the output is not a terminal (logs, CI,
@@ -146,4 +147,4 @@ def make_logger(out_dir: Path, report_to: str = "console", append: bool = False,
     console = Callback(lambda step, metrics: tqdm.write(console_line(metrics, step, total_steps)))
     others = [console if n == "console" else tracker(n, Path(out_dir), config, append) for n in chosen]
     others += [c if isinstance(c, Logger) else Callback(c) for c in callbacks]  # a Logger sees evals and samples too
-    return Loggers([JsonlLogger(out_dir, append), *others])
+    return Loggers([RunWarnings(), JsonlLogger(out_dir, append), *others])

@@ -34,8 +34,11 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
         model = model.to(device=device, dtype=dtype)
     else:
         path = resolve_model_path(name)
-        tok = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        try:  # a corrupt file, a folder that is not a model, a hub id with no network: one line naming it
+            tok = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"model {name!r}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     model.config._name_or_path = name  # as given (an alias stays an alias): what a saved adapter names as its base
     return model, check_tokenizer(tok, name)
 

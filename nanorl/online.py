@@ -76,11 +76,13 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
         used["model"] = f"python:{type(model).__name__}:{getattr(model.config, '_name_or_path', '')}"
     cfg = dataclasses.replace(cfg, **used)
     task.check()
+    checkpoint.lock(ckpt.parent)  # one run per folder, before anything in it is read or removed
     return cfg, device, backend, dtype, task, check_resume(cfg, ckpt)
 
 
 # keys a resumed run may change: where it stops and what it reports, not what it computes
-RESUMABLE_CHANGES = {"resume", "steps", "save_every", "eval_every", "report_to", "max_bad_steps", "device", "backend"}
+RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_last", "eval_every", "report_to", "max_bad_steps", "device",
+                     "backend"}
 
 
 def check_resume(cfg, ckpt: Path) -> bool:
@@ -99,7 +101,7 @@ def check_resume(cfg, ckpt: Path) -> bool:
                               f"same values or start a new run in another out_dir")
         return True
     if distributed.is_main():
-        for old in (ckpt, ckpt.with_name(ckpt.name + "_critic")):
+        for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*")):
             if old.is_dir():
                 shutil.rmtree(old)  # a new run: an old checkpoint in this folder is no longer this run's
     return False

@@ -54,13 +54,12 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     if not isinstance(cfg, PPOConfig):
         raise ConfigError(f"nanorl.ppo.train takes a PPOConfig, got {type(cfg).__name__}")
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
-    critic_ckpt = out / "checkpoint_critic"
     cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task, resume?
     policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
     pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
-    critic, _ = load_reward_model(str(critic_ckpt) if resuming else (cfg.critic_model or cfg.model), device, dtype)
+    critic, _ = load_reward_model(str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model), device, dtype)
     critic = trainable(critic, cfg, "SEQ_CLS").eval()  # LoRA on the critic too when cfg.lora_r > 0; no dropout
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
     describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
@@ -82,7 +81,12 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, "ppo")
-    for step in bar:
+
+    def save(done: int) -> None:  # policy and critic in one checkpoint, written in one rename
+        checkpoint.save(ckpt, policy, tok, opt, sched, done, {"critic_optimizer": critic_opt.state_dict(),
+                        "critic_scheduler": critic_sched.state_dict()}, {"critic": critic}, cfg.keep_last)
+
+    for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
         examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
@@ -163,9 +167,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
         bar.set_postfix(postfix(metrics))
         if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
-            checkpoint.save(critic_ckpt, critic, tok)  # the critic first: the policy's checkpoint marks the step
-            checkpoint.save(ckpt, policy, tok, opt, sched, step + 1, {"critic_optimizer": critic_opt.state_dict(),
-                                                                      "critic_scheduler": critic_sched.state_dict()})
+            save(step + 1)
 
     # ------------------------------------------------------------------ finish
     checkpoint.save(out / "critic", critic, tok)

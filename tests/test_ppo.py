@@ -101,7 +101,7 @@ def test_ppo_resumes_with_its_critic(tmp_path):
     base = dict(model="tiny", out_dir=str(tmp_path), prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4,
                 lr=1e-3, eval_every=100, save_every=2, minibatch_size=2)
     train(PPOConfig(steps=3, is_mode="sequence_mask", clip_ratio_c=3.0, **base), toy_task())
-    assert (tmp_path / "checkpoint_critic" / "config.json").is_file()
+    assert (tmp_path / "checkpoint" / "critic" / "config.json").is_file()  # policy and critic: one folder, one step
     train(PPOConfig(steps=4, resume=True, is_mode="sequence_mask", clip_ratio_c=3.0, **base), toy_task())
     assert [json.loads(x)["step"] for x in open(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
 

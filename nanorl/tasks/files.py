@@ -72,8 +72,9 @@ def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None
     if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
         train, held = _splits(source)
         return train.to_list(), held.to_list() if held is not None else None
-    path, quiet = Path(str(source)), datasets.utils.are_progress_bars_disabled()
-    datasets.disable_progress_bars()  # for this read only: restored below
+    path, quiet, level = Path(str(source)), datasets.utils.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()  # for this read only, as its error log (our message says it): restored below
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
             ds = datasets.load_from_disk(str(path))
@@ -97,6 +98,7 @@ def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None
         where = _bad_json_line(path) if _builder(path) == "json" and path.suffix != ".json" else None
         raise ConfigError(where or f"{what} {source}: cannot be read ({type(e).__name__}: {str(e)[:300]})") from None
     finally:
+        datasets.logging.set_verbosity(level)
         if not quiet:
             datasets.enable_progress_bars()
     train, held = _splits(ds)

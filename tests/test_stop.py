@@ -1,0 +1,72 @@
+"""Runs you can leave alone: one run per folder (a lock), SIGINT / SIGTERM finish the step and write a checkpoint
+that --resume continues from, and keep_last keeps older checkpoints. Subprocesses run the tiny model."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nanorl.cli import main
+
+TINY = ["--model", "tiny", "--report-to", "none", "--backend", "torch", "--prompts-per-step", "2",
+        "--samples-per-prompt", "2", "--max-new-tokens", "4", "--eval-size", "2"]
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_a_second_run_on_the_same_folder_is_refused(tmp_path, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom nanorl.checkpoint import lock\n"
+                               f"lock({str(tmp_path / 'run')!r}); print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SystemExit) as e:
+            main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])
+        assert e.value.code == 2 and f"in use by another nanorl run (pid {holder.pid})" in capsys.readouterr().err
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing of the second run was written
+    finally:
+        holder.kill()
+        holder.wait()
+    main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])  # the lock went with its process
+    main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])  # and this process may run again
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_finishes_the_step_writes_a_checkpoint_and_resume_continues(tmp_path, sig, code):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "nanorl.cli", "train", *TINY, "--out-dir", str(out), "--steps", "500",
+                            "--save-every", "0", "--eval-every", "1000"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(lines(out / "metrics.jsonl")) < 2 and time.time() < deadline and run.poll() is None:
+        time.sleep(0.05)
+    run.send_signal(sig)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == code, err[-2000:]
+    done = len(lines(out / "metrics.jsonl"))
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert 2 <= done < 500 and state["step"] == done  # the checkpoint is of the last logged step
+    assert f"stopped by {sig.name} after step {done}" in err and "--resume true" in err
+    main(["train", *TINY, "--out-dir", str(out), "--steps", str(done + 2), "--save-every", "0", "--eval-every",
+          "1000", "--resume", "true"])
+    assert [m["step"] for m in lines(out / "metrics.jsonl")] == list(range(1, done + 3))  # every step once
+
+
+def test_keep_last_keeps_older_checkpoints(tmp_path):
+    out = tmp_path / "run"
+    main(["train", *TINY, "--out-dir", str(out), "--steps", "8", "--save-every", "2", "--keep-last", "2"])
+    assert (out / "checkpoint" / "step").read_text() == "6"
+    assert sorted(p.name for p in out.glob("checkpoint-step*")) == ["checkpoint-step4"]
+    main(["train", *TINY, "--out-dir", str(out), "--steps", "2", "--save-every", "1"])  # a new run: old ones go
+    assert not list(out.glob("checkpoint-step*"))
+
+
+def test_the_signal_handlers_are_restored_after_a_run(tmp_path):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
