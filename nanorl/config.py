@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanorl.integrations.trl import resolve_names
+
 
 def _f(default, help: str):
     return field(default=default, metadata={"help": help})
@@ -254,6 +256,8 @@ RULES = {
 
 def _convert(key: str, typ, value):
     """Coerce a YAML or command-line value to the field's type, or raise naming the key."""
+    if typ is str and isinstance(value, list):  # a YAML list: comma-separated, as on the command line
+        value = ",".join(map(str, value))
     if isinstance(value, str) and typ is not str:
         text = value.strip()
         if typ is bool:
@@ -277,8 +281,6 @@ def _convert(key: str, typ, value):
 
 def from_dict(cls, values: dict):
     """Build `cls` from a dict; unknown keys and wrong types raise ConfigError naming the key."""
-    from nanorl.integrations.trl import resolve_names
-
     hints = typing.get_type_hints(cls)  # every field's type
     values = resolve_names(cls, values)  # TRL's names for the same thing; did-you-mean for typos
     if "algo" in hints:
@@ -348,7 +350,8 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         # Values stay strings here; from_dict converts them so file and flags share one code path.
-        parser.add_argument(flag, f"--{f.name}", dest=f.name, default=argparse.SUPPRESS,
+        parser.add_argument(flag, f"--{f.name}", dest=f.name, default=argparse.SUPPRESS,  # a bare bool flag: true
+                            **({"nargs": "?", "const": "true"} if typing.get_type_hints(cls)[f.name] is bool else {}),
                             metavar=typing.get_type_hints(cls)[f.name].__name__.upper(),
                             help=f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%"))
     args, unknown = parser.parse_known_args(argv)
@@ -372,6 +375,6 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
             raise ConfigError(f"config file {path}: not valid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping of key: value")
-        values.update(loaded)
-    flags = {k: v for k, v in vars(args).items() if k != "config"}
-    return from_dict(cls, {**values, **flags, **extra})  # the file, then the flags, then the names to resolve
+        values = resolve_names(cls, loaded)
+    flags = resolve_names(cls, {**{k: v for k, v in vars(args).items() if k != "config"}, **extra})
+    return from_dict(cls, {**values, **flags})  # the file, then the flags: each in nanorl's names, flags win

@@ -12,7 +12,7 @@ from nanorl.sampling import SamplingParams
 
 
 def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
-             system_prompt: str = "", batch_prompts: int = 64, seed: int = 1234):
+             system_prompt: str = "", batch_prompts: int = 64, seed: int = 1234, step: int = 0, steps: int = 0):
     """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)).
     Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= task.acc_threshold (1 by default). With k > 1
     also pass@k: fraction of prompts with at least one of k sampled completions correct (Chen et al. 2021,
@@ -29,7 +29,8 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
             ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
             out = sampler.generate(ids, n, params, seed + start)
             texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
-            scores = task.score([chunk[i // n] for i in range(len(texts))], texts, completion_ids=out.completion_ids)
+            scores = task.score([chunk[i // n] for i in range(len(texts))], texts, completion_ids=out.completion_ids,
+                                step=step, steps=steps)
             rewards += scores
             correct += [r >= task.acc_threshold for r in scores]
             lengths += [len(comp) for comp in out.completion_ids]

@@ -9,7 +9,7 @@ import pytest
 
 from nanorl.cli import main
 from nanorl.config import ConfigError, DPOConfig, GRPOConfig, SFTConfig, from_dict, parse_args
-from nanorl.tasks import Example, RewardSetupError, Task, get_task
+from nanorl.tasks import Example, RewardSetupError, Task, get_task, parse_reward_spec
 
 datasets = pytest.importorskip("datasets")
 
@@ -96,7 +96,7 @@ def test_rewards_that_fail_for_a_reason_not_the_sample_stop_the_run_whatever_rew
         train(GRPOConfig(model="no/such-model", task=str(data), out_dir=str(tmp_path / "r")))
 
 
-def test_trl_names_are_aliases_and_near_misses_get_a_suggestion():
+def test_trl_names_are_aliases_and_near_misses_get_a_suggestion(tmp_path):
     cfg = from_dict(GRPOConfig, {"num_generations": 4, "max_completion_length": 16, "beta": 0.04, "epsilon": 0.3,
                                  "learning_rate": 1e-6, "loss_type": "dr_grpo", "scale_rewards": False,
                                  "num_iterations": 2, "importance_sampling_level": "sequence"})
@@ -109,7 +109,12 @@ def test_trl_names_are_aliases_and_near_misses_get_a_suggestion():
         from_dict(GRPOConfig, {"scale_rewards": "batch"})
     with pytest.raises(ConfigError, match="num_train_epochs.*set `steps`"):
         from_dict(GRPOConfig, {"num_train_epochs": 3})  # TRL: passes over the data; here epochs is per batch
-    assert from_dict(GRPOConfig, {"num_generations": 4, "samples_per_prompt": 6}).samples_per_prompt == 6
+    with pytest.raises(ConfigError, match="'samples_per_prompt' is given twice"):  # which one was meant?
+        from_dict(GRPOConfig, {"num_generations": 4, "samples_per_prompt": 6})
+    f = tmp_path / "run.yaml"  # a flag beats the file, whichever name each uses; a YAML list is comma-separated
+    f.write_text("samples_per_prompt: 2\nlora_target: [q_proj, v_proj]\n")
+    cfg = parse_args(GRPOConfig, ["--config", str(f), "--num_generations", "8", "--resume"])
+    assert (cfg.samples_per_prompt, cfg.lora_target, cfg.resume) == (8, "q_proj,v_proj", True)
     dpo = parse_args(DPOConfig, ["--loss_type", "ipo", "--beta", "0.2", "--num_train_epochs", "2"])
     assert (dpo.loss, dpo.beta, dpo.epochs) == ("ipo", 0.2, 2)
     with pytest.raises(ConfigError, match="did you mean 'num_generations' .TRL's name for 'samples_per_prompt'"):
@@ -282,3 +287,33 @@ def test_migration_page_runs(tmp_path, monkeypatch):
                                                              "--max_steps", "2", "--output_dir", "runs/cli"]
     main(argv)
     assert len((tmp_path / "runs/cli/metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_review_cases_none_nan_duplicates_every_sample_failing_and_trainer_state_in_eval():
+    rows = [Example("q", {"answer": 1})] * 3
+    nan_skip = Task("t", train=rows, eval=rows, reward=lambda completions, **k: [float("nan"), 1.0, None])
+    assert nan_skip.score_parts(rows, ["a", "b", "c"])[0]["task"] == [None, 1.0, None]  # NaN is TRL's None
+
+    def one(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def ten(completions, **kwargs):
+        return [10.0] * len(completions)
+    ten.__name__ = "one"  # two rewards of one name: each keeps its own metric, the total counts both
+    parts, total, _ = Task("t", train=rows, eval=rows, reward=parse_reward_spec([one, ten])).score_parts(rows, ["a"] * 3)
+    assert sorted(parts) == ["one", "one_2"] and total == [11.0] * 3
+    assert parse_reward_spec(one)[0][0] == "one"  # a single callable, as TRL allows
+
+    def missing_column(completions, **kwargs):
+        return [float(kwargs["solution"])] * len(completions)
+    with pytest.raises(RewardSetupError, match="every completion"):  # not the samples' fault, even with zero
+        Task("t", train=rows, eval=rows, reward=missing_column, on_error="zero").score(rows, ["a", "b", "c"])
+
+    def garbage_is_fine(prompt, completion, **f):
+        return float(int(completion))  # ValueError on text: the samples' fault, scored 0 under zero
+    garbage = Task("t", train=rows, eval=rows, reward=garbage_is_fine, on_error="zero")
+    assert garbage.score(rows, ["x", "y", "z"]) == [0.0] * 3
+
+    def curriculum(completions, trainer_state, **kwargs):
+        return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
+    assert Task("t", train=rows, eval=rows, reward=curriculum).score(rows, ["a"] * 3) == [0.0] * 3  # no 0 division

@@ -56,7 +56,7 @@ class BatchedReward:
         columns = {k: [f.get(k) for f in fields] for k in dict.fromkeys(k for f in fields for k in f)}
         kwargs = {**columns, "prompts": list(prompts), "completion_ids": completion_ids,
                   "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions),
-                  "trainer_state": TrainerState(step, steps)}
+                  "trainer_state": TrainerState(step, max(steps, step, 1))}
         return kwargs if self.takes_all else {k: v for k, v in kwargs.items() if k in self.params}
 
     def batch(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> list:
@@ -178,4 +178,7 @@ def resolve_names(cls, values: dict) -> dict:
         raise ConfigError(f"unknown config key '{name}'{hint} (see `{prog} --help`)")
     if "epsilon_high" in values and "clip_high" in fields:  # the explicit high bound beats epsilon's copy
         renamed.update(_mapped(cls, "epsilon_high", values["epsilon_high"]))
+    both = sorted(k for k in renamed.keys() & out.keys() if not (k == "clip_high" and "epsilon_high" not in values))
+    if both:  # e.g. --learning_rate and --lr: which one was meant?
+        raise ConfigError(f"config key '{both[0]}' is given twice, once by its TRL name: give one of them")
     return {**renamed, **out}

@@ -40,7 +40,7 @@ class RewardSetupError(RuntimeError):
 
 def _value(v, batched: bool):
     """A reward's value as a float; None only where a batched (TRL) reward skips the sample."""
-    if v is None and batched:
+    if batched and (v is None or v != v):  # TRL: None (or NaN) = no score for this sample
         return None
     if v is None or isinstance(v, (str, bytes)):
         raise TypeError(f"the reward is {v!r}, not a number")
@@ -89,7 +89,7 @@ class Task:
         sandbox) scores all completions at once; when that call fails, each is scored alone to find which."""
         parts, errors = {}, 0
         for name, fn, _ in self.parts():
-            batch, values, ctx = getattr(fn, "batch", None), None, {"step": step, "steps": steps}
+            batch, values, ctx, failed = getattr(fn, "batch", None), None, {"step": step, "steps": steps}, 0
             if batch:
                 try:
                     values = [_value(v, True) for v in batch([e.prompt for e in examples], completions,
@@ -111,7 +111,11 @@ class Task:
                         raise RuntimeError(f"reward '{name}' of task '{self.name}' failed on prompt {ex.prompt!r} "
                                            f"with completion {completion!r}: {e!r}") from e
                     values.append(0.0)
-                    errors += 1
+                    errors, failed = errors + 1, failed + 1
+                    if failed == len(completions) > 1 and isinstance(e, (TypeError, AttributeError, KeyError)):
+                        # a programming error on every completion (a missing column, a non-number): the reward
+                        raise RewardSetupError(f"reward '{name}' of task '{self.name}' failed on every completion "
+                                               f"of the batch: {e!r}") from e
             parts[name] = values
         total = [sum(w * parts[n][i] for n, _, w in self.parts() if parts[n][i] is not None)
                  for i in range(len(completions))]
@@ -137,15 +141,16 @@ def load_reward(name: str) -> Callable:
             raise FileNotFoundError(f"reward file not found: {where}")
         spec = importlib.util.spec_from_file_location(Path(where).stem, where)
         module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(Path(where).resolve().parent))  # its helper modules beside it, while it loads
+        sys.path.insert(0, str(Path(where).resolve().parent))  # its helper modules beside it, as `python file.py`
+        sys.modules.setdefault(spec.name, module)  # importable by name (pickling, multiprocessing)
         try:
             spec.loader.exec_module(module)
         except Exception as e:
             raise ConfigError(f"config key 'reward': {where} failed to load: {type(e).__name__}: {e}") from None
-        finally:
-            sys.path.remove(str(Path(where).resolve().parent))
     else:
-        try:
+        try:  # from the working directory too, as `python -m` would
+            if str(Path.cwd()) not in sys.path:
+                sys.path.append(str(Path.cwd()))
             module = importlib.import_module(where)
         except ImportError as e:
             raise ConfigError(f"config key 'reward': cannot import {where!r}: {e}") from None
@@ -158,8 +163,11 @@ def load_reward(name: str) -> Callable:
 def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
     """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]; a list of
     functions (from Python) -> each with weight 1."""
-    if not isinstance(spec, str):
-        return [(getattr(f, "__name__", "reward"), f, 1.0) for f in spec]
+    if not isinstance(spec, str):  # names made unique: each part is its own metric
+        fns = [spec] if callable(spec) else list(spec)
+        names = [getattr(f, "__name__", "reward") for f in fns]
+        return [(n if names[:i].count(n) == 0 else f"{n}_{names[:i].count(n) + 1}", f, 1.0)
+                for i, (n, f) in enumerate(zip(names, fns))]
     parts = []
     for item in (x.strip() for x in spec.split(",") if x.strip()):
         name, _, weight = item.partition("=")
@@ -167,7 +175,8 @@ def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
             w = float(weight) if weight else 1.0
         except ValueError:
             raise ConfigError(f"config key 'reward': weight of {name!r} must be a number, got {weight!r}") from None
-        parts.append((name.split(":")[-1], load_reward(name), w))  # module:function is logged as function
+        short = name.split(":")[-1]  # module:function is logged as function (function_2 for a second one)
+        parts.append((short if short not in [n for n, _, _ in parts] else f"{short}_{len(parts) + 1}", load_reward(name), w))
     if not parts:
         raise ConfigError("config key 'reward': empty reward spec")
     return parts
@@ -181,6 +190,7 @@ def get_task(name, *, reward: str = "", on_error: str = "raise", acc_threshold: 
     if reward:  # a spec, or reward functions from Python
         task.reward = parse_reward_spec(reward)
     task.on_error, task.acc_threshold = on_error, acc_threshold
+    task.check()  # a column a reward asks for that the data lacks: named now, before any model is loaded
     return task
 
 
