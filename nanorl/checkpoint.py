@@ -86,7 +86,7 @@ def lock(out: Path) -> None:
     if not distributed.is_main():
         return
     Path(out).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(out) / ".lock", os.O_RDWR | os.O_CREAT)
+    fd = os.open(Path(out) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
