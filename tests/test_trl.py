@@ -317,3 +317,14 @@ def test_review_cases_none_nan_duplicates_every_sample_failing_and_trainer_state
     def curriculum(completions, trainer_state, **kwargs):
         return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
     assert Task("t", train=rows, eval=rows, reward=curriculum).score(rows, ["a"] * 3) == [0.0] * 3  # no 0 division
+
+
+def test_trl_own_rewards_when_trl_is_installed(tmp_path):
+    """`--reward trl.rewards:accuracy_reward` with TRL installed (skipped without it; seen with trl 1.16.0)."""
+    pytest.importorskip("trl.rewards")
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "solution": f"${i + 1}$"} for i in range(4)]
+    task = get_task(datasets.Dataset.from_list(rows), reward="trl.rewards:accuracy_reward,trl.rewards:think_format_reward")
+    ex = task.train[:2]
+    right = f"<think>x</think>\\boxed{{{ex[0].fields['solution'][1:-1]}}}"
+    parts, total, _ = task.score_parts(ex, [right, "no"])
+    assert parts == {"accuracy_reward": [1.0, 0.0], "think_format_reward": [1.0, 0.0]} and total == [2.0, 0.0]
