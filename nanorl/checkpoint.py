@@ -39,17 +39,14 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    # a peft adapter alone; without save_embedding_layers peft looks its base model up on the hub
-    model.save_pretrained(tmp, **({"save_embedding_layers": False} if hasattr(model, "peft_config") else {}))
-    tok.save_pretrained(tmp)
-    for name, other in (models or {}).items():  # each loadable on its own (with the tokenizer)
-        other.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(other, "peft_config") else {}))
-        tok.save_pretrained(tmp / name)
-    (tmp / "step").write_text(str(step))
-    if opt is not None:
-        state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
-        torch.save(state, tmp / "trainer_state.pt")
+    try:
+        _write(tmp, model, tok, opt, sched, step, extra, models)
+    except (OSError, RuntimeError) as e:  # a full disk surfaces as torch's "file write failed": say so
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(path.parent).free / 2**30
+        full = ": no space left" if free < 1 else ""
+        raise OSError(f"writing the checkpoint {path} failed ({free:.2f} GiB free on its disk{full}); the previous "
+                      f"checkpoint is intact: {e}") from e
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -61,6 +58,19 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
         for stale in older[:-(keep_last - 1)]:
             shutil.rmtree(stale)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _write(tmp: Path, model, tok, opt, sched, step: int, extra: dict | None, models: dict | None) -> None:
+    """Everything a checkpoint holds, into the folder `tmp`."""
+    for name, m in {".": model, **(models or {})}.items():  # each loadable on its own, with the tokenizer
+        # a peft adapter alone; without save_embedding_layers peft looks its base model up on the hub
+        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
+        tok.save_pretrained(tmp / name)
+    (tmp / "step").write_text(str(step))
+    if opt is not None:
+        state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
+        torch.save(state, tmp / "trainer_state.pt")
 
 
 def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:

@@ -70,3 +70,22 @@ def test_the_signal_handlers_are_restored_after_a_run(tmp_path):
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_a_full_disk_is_named_and_the_previous_checkpoint_survives(tmp_path, monkeypatch):
+    import shutil
+
+    from nanorl import checkpoint
+    from nanorl.integrations.hub import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    checkpoint.save(tmp_path / "checkpoint", model, tok, step=1)
+
+    def disk_full(*a, **k):  # what torch raises when the disk fills up mid-write
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0: file write failed")
+
+    monkeypatch.setattr(type(model), "save_pretrained", disk_full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 1024))
+    with pytest.raises(OSError, match="no space left.*previous checkpoint is intact"):
+        checkpoint.save(tmp_path / "checkpoint", model, tok, step=2)
+    assert (tmp_path / "checkpoint" / "step").read_text() == "1" and not (tmp_path / "checkpoint.tmp").exists()
