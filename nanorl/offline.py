@@ -40,6 +40,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
+    checkpoint.lock(Path(cfg.out_dir))  # one run per folder
     model, tok = load(cfg.model, device, dtype)
     # LoRA when cfg.lora_r > 0; eval mode, no dropout: the reference pass and the update see the same function
     model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS").eval()
