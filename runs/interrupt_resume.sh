@@ -11,7 +11,7 @@ mkdir -p "$out"
 [ -n "${3:-}" ] || nanorl train --out-dir "$alone" > "$out/alone.log" 2>&1
 nanorl train --out-dir "$out/interrupted" > "$out/interrupted.log" 2>&1 &
 pid=$!
-until [ "$(wc -l < "$out/interrupted/metrics.jsonl" 2>/dev/null || echo 0)" -ge "$stop" ]; do sleep 1; done
+until [ "$(cat "$out/interrupted/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$stop" ]; do sleep 1; done
 kill -TERM "$pid"; wait "$pid"; echo "exit code after SIGTERM: $?" | tee -a "$out/interrupted.log"
 nanorl train --out-dir "$out/interrupted" --resume true > "$out/resumed.log" 2>&1
 python results/refactor_equivalence/compare.py "$alone" "$out/interrupted" | tee "$out/compare.txt"
