@@ -90,6 +90,9 @@ def load_state(path: Path, opt, sched) -> dict:
     return state
 
 
+HELD: dict[Path, list[int]] = {}  # run folders this process holds the lock of -> their open lock files
+
+
 def lock(out: Path) -> None:
     """Take the run folder's lock for the rest of this process: another process starting a run on the same folder
     is refused. The kernel drops the lock when the process ends, however it ends; this process may take it again."""
@@ -107,7 +110,14 @@ def lock(out: Path) -> None:
         raise ConfigError(f"config key 'out_dir': {out} is in use by another nanorl run (pid {holder}); "
                           f"wait for it to finish or use another out_dir") from None
     os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())  # the descriptor stays open: the lock lives as long as the process
+    os.write(fd, str(os.getpid()).encode())
+    HELD.setdefault(Path(out).resolve(), []).append(fd)  # open until unlock(out) at the run's end, or the process's
+
+
+def unlock(out: Path) -> None:
+    """Let other processes run in `out` again (a finished run); closing the descriptors drops the lock."""
+    for fd in HELD.pop(Path(out).resolve(), []):
+        os.close(fd)
 
 
 class Interrupted(KeyboardInterrupt):

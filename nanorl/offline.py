@@ -110,6 +110,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     if distributed.is_main():
         (out / "results.json").write_text(json.dumps(result, indent=2))
     logger.close()
+    checkpoint.unlock(out)
     shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
     print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
           ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")

@@ -274,6 +274,7 @@ def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t
     if distributed.is_main():
         (out / "results.json").write_text(json.dumps(result, indent=2))
     logger.close()
+    checkpoint.unlock(out)
     before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
     print(f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
           f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}")

@@ -35,6 +35,9 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path, capsys):
         holder.wait()
     main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])  # the lock went with its process
     main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])  # and this process may run again
+    other = subprocess.run([sys.executable, "-c", "from nanorl.checkpoint import lock\n"
+                            f"lock({str(tmp_path / 'run')!r}); print('locked')"], capture_output=True, text=True)
+    assert other.stdout.strip() == "locked", other.stderr[-500:]  # a finished run lets the folder go
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
