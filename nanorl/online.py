@@ -64,6 +64,7 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     backend.prepare(device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    reward_funcs = [reward_funcs] if callable(reward_funcs) else reward_funcs  # one function, as TRL allows
     used = {"reward": ",".join(getattr(f, "__name__", "reward") for f in reward_funcs)} if reward_funcs else {}
     if isinstance(task, Task):
         task.reward = parse_reward_spec(reward_funcs) if reward_funcs else task.reward

@@ -229,7 +229,7 @@ def test_train_from_python_takes_a_model_a_dataset_rewards_and_callbacks(tmp_pat
     seen = []
     result = train(GRPOConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4, eval_size=2,
                               kl_coef=0.1, out_dir=str(tmp_path / "run"), report_to="none", backend="torch"),
-                   ds, model=model, tokenizer=tok, reward_funcs=[reward_len],
+                   ds, model=model, tokenizer=tok, reward_funcs=reward_len,  # one function, as TRL allows
                    callbacks=[lambda step, metrics: seen.append((step, metrics["reward/mean"]))])
     assert [s for s, _ in seen] == [1, 2] and result["steps"] == 2
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
