@@ -69,6 +69,7 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     if isinstance(task, Task):
         task.reward = parse_reward_spec(reward_funcs) if reward_funcs else task.reward
         task.on_error, task.acc_threshold = cfg.reward_errors, cfg.acc_threshold
+        task.check()  # (get_task checks the tasks it builds)
         used["task"] = f"python:{task.name}"
     else:  # a name in the config, or a datasets.Dataset / DatasetDict
         used.update({"task": f"python:{type(task).__name__}"} if task is not None else {})
@@ -76,7 +77,6 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     if model is not None:
         used["model"] = f"python:{type(model).__name__}:{getattr(model.config, '_name_or_path', '')}"
     cfg = dataclasses.replace(cfg, **used)
-    task.check()
     checkpoint.lock(ckpt.parent)  # one run per folder, before anything in it is read or removed
     return cfg, device, backend, dtype, task, check_resume(cfg, ckpt)
 

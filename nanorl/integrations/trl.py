@@ -43,7 +43,8 @@ class BatchedReward:
     def __init__(self, fn):
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        params = inspect.signature(fn).parameters
+        self.signature = inspect.signature(fn)  # read once: every batch is bound against it
+        params = self.signature.parameters
         self.takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
         self.params = set(params)
 
@@ -55,7 +56,8 @@ class BatchedReward:
         chat = bool(prompts) and not isinstance(prompts[0], str)
         columns = {k: [f.get(k) for f in fields] for k in dict.fromkeys(k for f in fields for k in f)}
         kwargs = {**columns, "prompts": list(prompts), "completion_ids": completion_ids,
-                  "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions),
+                  "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat
+                  else list(completions),
                   "trainer_state": TrainerState(step, max(steps, step, 1))}
         return kwargs if self.takes_all else {k: v for k, v in kwargs.items() if k in self.params}
 
@@ -64,7 +66,7 @@ class BatchedReward:
 
         kwargs = self.arguments(prompts, completions, fields, completion_ids, step, steps)
         try:
-            inspect.signature(self.fn).bind(**kwargs)
+            self.signature.bind(**kwargs)
         except TypeError as e:
             raise RewardSetupError(f"reward '{self.__name__}' cannot be called with TRL's arguments "
                                    f"{sorted(kwargs)}: {e}") from None
@@ -72,7 +74,8 @@ class BatchedReward:
         out = out.tolist() if hasattr(out, "tolist") else out  # a numpy array or a tensor, as TRL accepts
         if not isinstance(out, (list, tuple)) or len(out) != len(completions):
             raise RewardSetupError(f"reward '{self.__name__}' must return a list of {len(completions)} values "
-                                   f"(one per completion), got {type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}")
+                                   f"(one per completion), got {type(out).__name__} of length "
+                                   f"{len(out) if hasattr(out, '__len__') else '?'}")
         return list(out)
 
 

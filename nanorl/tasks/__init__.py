@@ -75,7 +75,7 @@ class Task:
             for ex in (self.train[0], *self.eval[:1]):
                 try:  # TRL's batched form: every column it names must exist
                     if hasattr(fn, "arguments"):
-                        inspect.signature(fn.fn).bind(**fn.arguments([ex.prompt], [""], [ex.fields]))
+                        fn.signature.bind(**fn.arguments([ex.prompt], [""], [ex.fields]))
                     else:
                         inspect.signature(fn).bind(ex.prompt, "", **ex.fields)
                 except TypeError as e:
@@ -87,8 +87,8 @@ class Task:
         """-> ({part name: rewards, None where a TRL-form reward skipped the sample}, weighted totals, number of
         reward errors). A reward with `.batch(prompts, completions, fields, **context)` (TRL's form, the code
         sandbox) scores all completions at once; when that call fails, each is scored alone to find which."""
-        parts, errors = {}, 0
-        for name, fn, _ in self.parts():
+        parts, errors, rewards = {}, 0, self.parts()
+        for name, fn, _ in rewards:
             batch, values, ctx, failed = getattr(fn, "batch", None), None, {"step": step, "steps": steps}, 0
             if batch:
                 try:
@@ -117,7 +117,7 @@ class Task:
                         raise RewardSetupError(f"reward '{name}' of task '{self.name}' failed on every completion "
                                                f"of the batch: {e!r}") from e
             parts[name] = values
-        total = [sum(w * parts[n][i] for n, _, w in self.parts() if parts[n][i] is not None)
+        total = [sum(w * parts[n][i] for n, _, w in rewards if parts[n][i] is not None)
                  for i in range(len(completions))]
         return parts, total, errors
 
@@ -163,23 +163,20 @@ def load_reward(name: str) -> Callable:
 def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
     """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]; a list of
     functions (from Python) -> each with weight 1."""
-    if not isinstance(spec, str):  # names made unique: each part is its own metric
-        fns = [spec] if callable(spec) else list(spec)
-        names = [getattr(f, "__name__", "reward") for f in fns]
-        return [(n if names[:i].count(n) == 0 else f"{n}_{names[:i].count(n) + 1}", f, 1.0)
-                for i, (n, f) in enumerate(zip(names, fns))]
-    parts = []
-    for item in (x.strip() for x in spec.split(",") if x.strip()):
+    items = [x.strip() for x in spec.split(",") if x.strip()] if isinstance(spec, str) else []
+    functions = [] if isinstance(spec, str) else [spec] if callable(spec) else list(spec)  # from Python: weight 1
+    parts = [(getattr(f, "__name__", "reward"), f, 1.0) for f in functions]
+    for item in items:
         name, _, weight = item.partition("=")
         try:
             w = float(weight) if weight else 1.0
         except ValueError:
             raise ConfigError(f"config key 'reward': weight of {name!r} must be a number, got {weight!r}") from None
-        short = name.split(":")[-1]  # module:function is logged as function (function_2 for a second one)
-        parts.append((short if short not in [n for n, _, _ in parts] else f"{short}_{len(parts) + 1}", load_reward(name), w))
+        parts.append((name.split(":")[-1], load_reward(name), w))  # module:function is logged as function
     if not parts:
         raise ConfigError("config key 'reward': empty reward spec")
-    return parts
+    names = [n for n, _, _ in parts]  # a name met before gets _2, _3, ...: each part is its own metric
+    return [(n if n not in names[:i] else f"{n}_{names[:i].count(n) + 1}", f, w) for i, (n, f, w) in enumerate(parts)]
 
 
 def get_task(name, *, reward: str = "", on_error: str = "raise", acc_threshold: float = 1.0, **options) -> Task:

@@ -82,35 +82,37 @@ def reply(row: dict, where: str) -> Pair:
                       f"(found {sorted(row)})")
 
 
+def _parsed(source, kind: str) -> tuple[list[Pair], list[Pair] | None]:
+    """(training Pairs, held-out Pairs or None) of `kind` 'preference' or 'sft' data; errors name the source,
+    the row and the field."""
+    from nanorl.tasks.files import load_rows
+
+    what = {"preference": "preference data", "sft": "SFT data"}[kind]
+    rows, held = load_rows(BUILTIN.get(str(source), source), what)
+    parse = preference if kind == "preference" else reply
+    return ([parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)],
+            None if held is None else [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)])
+
+
 def read_pairs(source, kind: str, eval_fraction: float = 0.2, seed: int = 0) -> tuple[list[Pair], list[Pair]]:
     """(train, held-out) Pairs of `kind` 'preference' or 'sft' data: the source's test/validation split is the
     held-out set when it has one, else a seeded eval_fraction of the rows (see `split`)."""
-    from nanorl.tasks.files import load_rows
-
-    rows, held = load_rows(BUILTIN.get(str(source), source), f"{kind} data")
-    parse = preference if kind == "preference" else reply
-    pairs = [parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)]
+    pairs, held = _parsed(source, kind)
     if held is not None:
-        return pairs, [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)]
+        return pairs, held
     if len(pairs) < 2:
         raise ConfigError(f"{source}: needs at least 2 rows (train and eval), found {len(pairs)}")
     return split(pairs, eval_fraction, seed)
 
 
 def load_preferences(source) -> list[Pair]:
-    """Every preference pair of the training split, checked; errors name the source, the row and the field."""
-    from nanorl.tasks.files import load_rows
-
-    return [preference(row, f"{source}: row {n}") for n, row in
-            enumerate(load_rows(BUILTIN.get(str(source), source), "preference data")[0], 1)]
+    """Every preference pair of the training split, checked."""
+    return _parsed(source, "preference")[0]
 
 
 def load_replies(source) -> list[Pair]:
     """SFT rows of the training split as Pairs (the reply in `chosen`; `turns` for whole conversations)."""
-    from nanorl.tasks.files import load_rows
-
-    return [reply(row, f"{source}: row {n}") for n, row in
-            enumerate(load_rows(BUILTIN.get(str(source), source), "SFT data")[0], 1)]
+    return _parsed(source, "sft")[0]
 
 
 def encode_conversation(tok, turns: list[dict], max_length: int) -> dict:
