@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from nanorl import distributed
+from nanorl.integrations import distributed
 
 
 def exists(path: Path) -> bool:

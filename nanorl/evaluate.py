@@ -8,7 +8,9 @@ from __future__ import annotations
 import torch
 
 from nanorl.data import render_prompt
+from nanorl.integrations import distributed
 from nanorl.sampling import SamplingParams
+from nanorl.seeds import derive_seed
 
 
 def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
@@ -19,15 +21,16 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
     the unbiased estimator with n = k samples). The seed is the evaluation's own: every run and every
     model are scored on the same draws."""
     metrics, samples = {}, []
+    mine = distributed.share(len(task.eval))  # under torchrun each rank scores a share; the lists are gathered
     settings = [("greedy", 1, SamplingParams(max_new_tokens, temperature=0.0))]
     if k > 1:
         settings.append((f"pass@{k}", k, SamplingParams(max_new_tokens, temperature=temperature)))
     for name, n, params in settings:
         correct, rewards, lengths = [], [], []
-        for start in range(0, len(task.eval), batch_prompts):
-            chunk = task.eval[start:start + batch_prompts]
+        for start in range(mine.start, mine.stop, batch_prompts):
+            chunk = task.eval[start:min(start + batch_prompts, mine.stop)]
             ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
-            out = sampler.generate(ids, n, params, seed + start)
+            out = sampler.generate(ids, n, params, [derive_seed(seed, start + i, "prompt") for i in range(len(chunk))])
             texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
             scores = task.score([chunk[i // n] for i in range(len(texts))], texts, completion_ids=out.completion_ids,
                                 step=step, steps=steps)
@@ -37,6 +40,7 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
             if name == "greedy":  # one completion per prompt
                 samples += [{"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
                             for ex, text, r in zip(chunk, texts, scores)]
+        correct, rewards, lengths = map(distributed.gather_objects, (correct, rewards, lengths))
         per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, n)
         if name == "greedy":
             metrics["eval/greedy_acc"] = per_prompt.mean().item()
@@ -45,4 +49,4 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
         else:
             metrics[f"eval/pass@{k}"] = (per_prompt.max(dim=1).values).mean().item()
             metrics["eval/sampled_acc"] = per_prompt.mean().item()
-    return metrics, samples
+    return metrics, distributed.gather_objects(samples)

@@ -34,6 +34,7 @@ from nanorl import checkpoint
 from nanorl.advantages import ESTIMATORS
 from nanorl.config import ConfigError, GRPOConfig
 from nanorl.data import chunks
+from nanorl.integrations import distributed
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
@@ -116,7 +117,8 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
+        order = prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)
+        examples = [task.train[i] for i in order[distributed.share(len(order))]]  # this rank's share (torchrun)
         seed = derive_seed(cfg.seed, step, "rollout")
         roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
                                                         backend, step)  # (N,)
@@ -149,8 +151,11 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             kl_seq = sequence_kl(ref, roll, cfg, pad_id, device, backend)  # (N,)
             shaped = shaped - cfg.kl_coef * kl_seq
         lengths = torch.tensor([len(c) for c in roll.completion_ids])  # (N,) the token-level estimators weigh by them
-        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](shaped, G, cfg.scale_adv_by_std, lengths=lengths,
-                                                       std_correction=cfg.std_correction)  # (N,)
+        everyone = distributed.gather  # this rank's rows -> every rank's: the global batch (one process: the same)
+        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](everyone(shaped), G, cfg.scale_adv_by_std,
+                                                       lengths=everyone(lengths), std_correction=cfg.std_correction)
+        n_all, mine = len(adv), distributed.share(len(adv))  # the global batch's size; this rank's rows of it
+        adv = adv[mine]  # (N,)
 
         # -------------------------------------------------------------- update
         sums: dict = {}
@@ -158,10 +163,10 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         if cfg.is_mode != "none" and not on_policy:
             learner_old = learner_logprobs(policy, roll, cfg, pad_id, device, backend)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
-        for _epoch in range(cfg.epochs):
-            perm = list(range(batch)) if on_policy else torch.randperm(batch, generator=shuffle).tolist()
+        for _epoch in range(cfg.epochs):  # minibatches of the global batch; each rank trains the rows it holds
+            perm = list(range(n_all)) if on_policy else torch.randperm(n_all, generator=shuffle).tolist()
             for part in chunks(perm, mb_size):
-                mb = [i for i in part if trainable[i]]
+                mb = [i - mine.start for i in part if mine.start <= i < mine.stop and trainable[i - mine.start]]
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=on_policy, pad_id=pad_id, device=device,
                                         backend=backend, ref=None if kl_in_reward else ref, loss_agg=cfg.loss_agg,
                                         ratio_level=cfg.ratio_level, learner_old=learner_old)
@@ -171,13 +176,15 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         t3 = time.perf_counter()
 
         # -------------------------------------------------------------- log / eval / checkpoint
+        first_rewards, rewards, shaped, kl_seq = map(everyone, (first_rewards, rewards, shaped, kl_seq))  # global
         metrics = {
-            **reward_metrics(first_rewards, parts, G, task.acc_threshold),
+            **reward_metrics(first_rewards, {k: everyone(v) for k, v in parts.items()}, G, task.acc_threshold),
             "reward/trained_mean": rewards.mean().item(), "reward/shaped_mean": shaped.mean().item(),
-            "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills, "rollout/groups": batch // G,
+            "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills, "rollout/groups": len(rewards) // G,
             "rollout/informative_groups": len(informative_groups(rewards, G)),
-            **rollout_metrics(roll), **update_metrics(sums, opt_steps_per_batch), "optim/lr": sched.get_last_lr()[0],
-            "reward/errors": timer.get("reward_errors", 0),
+            **rollout_metrics(everyone(lengths), everyone(torch.tensor(roll.truncated))),
+            **update_metrics(sums, opt_steps_per_batch), "optim/lr": sched.get_last_lr()[0],
+            "reward/errors": distributed.reduce(timer.get("reward_errors", 0)),
             **time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }
         logger.log_samples(sample_records(examples, texts, rewards, roll, G), step + 1)

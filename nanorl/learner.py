@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from nanorl.integrations import distributed
+
 
 def make_optimizer(model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, schedule: str):
     params = [p for p in model.parameters() if p.requires_grad]
@@ -53,6 +55,7 @@ def optimizer_step(model, opt, sched, grad_clip: float) -> float:
     rollout of the next step runs without them, 0.5 GiB less for the 135M model). Returns the pre-clip norm.
     A NaN or infinite norm (a non-finite loss or gradient anywhere) skips the update: the weights and AdamW's
     state stay as they were, the schedule still advances, and the caller sees the non-finite norm."""
+    distributed.all_reduce_grads(model)  # under torchrun: every rank's gradient summed, before anything reads it
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf")).item()
     if math.isfinite(norm):

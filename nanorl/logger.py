@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from nanorl import distributed
+from nanorl.integrations import distributed
 
 
 class Logger:
@@ -77,25 +75,6 @@ class JsonlLogger(Logger):
             f.close()
 
 
-# The console line: (metric, label, format), the first of each row's keys that a step has.
-CONSOLE = (
-    (("reward/mean",), "reward", "{:.3f}"), (("reward/acc",), "acc", "{:.2f}"), (("train/loss",), "loss", "{:.4f}"),
-    (("train/acc",), "acc", "{:.2f}"), (("rollout/len_mean",), "len", "{:.0f}"),
-    (("loss/kl", "reward/kl_penalty"), "kl", "{:.4f}"), (("optim/skipped_updates",), "skipped", "{:d}"),
-    (("time/step",), "", "{:.1f} s"),
-)
-
-
-def console_line(metrics: dict, step: int, total: int | None) -> str:
-    """'step 12/40 reward 0.340 acc 0.31 len 14 kl 0.0020 7.6 s' from a step's metrics."""
-    parts = [f"step {step}/{total}" if total else f"step {step}"]
-    for keys, label, fmt in CONSOLE:
-        key = next((k for k in keys if k in metrics and (label != "kl" or metrics[k])), None)
-        if key is not None and (label != "skipped" or metrics[key]):
-            parts.append((f"{label} " if label else "") + fmt.format(metrics[key]))
-    return " ".join(parts)
-
-
 class Loggers(Logger):
     """Several loggers as one: each call goes to every one of them, in order."""
 
@@ -123,7 +102,7 @@ class Loggers(Logger):
 
 
 class Callback(Logger):
-    """A function called as fn(step, metrics) after every step: the console line, or train(cfg, callbacks=[fn])."""
+    """A function called as fn(step, metrics) after every step: train(cfg, callbacks=[fn])."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -142,9 +121,6 @@ def make_logger(out_dir: Path, report_to: str = "console", append: bool = False,
     from nanorl.integrations.warnings import RunWarnings  # first: it adds warn/* keys the others then record
 
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
-    # the console: one line per step beside the progress bar, also when the output is not a terminal (logs, CI,
-    # nohup); the loops print their evaluations themselves
-    console = Callback(lambda step, metrics: tqdm.write(console_line(metrics, step, total_steps)))
-    others = [console if n == "console" else tracker(n, Path(out_dir), config, append) for n in chosen]
+    others = [tracker(n, Path(out_dir), config, append, total_steps) for n in chosen]
     others += [c if isinstance(c, Logger) else Callback(c) for c in callbacks]  # a Logger sees evals and samples too
     return Loggers([RunWarnings(), JsonlLogger(out_dir, append), *others])

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanorl import checkpoint, distributed
+from nanorl import checkpoint
+from nanorl.integrations import distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import chunks

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanorl import checkpoint, distributed
+from nanorl import checkpoint
+from nanorl.integrations import distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.config import ConfigError, OnlineConfig, to_dict, validate
 from nanorl.data import chunks, encode_reply, render_prompt
@@ -59,7 +60,7 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     RNGs seeded, and every reward checked against the data, before any model exists. A task (or datasets.Dataset),
     reward functions or a model given from Python are recorded in the config (config.json) by name."""
     validate(cfg)
-    device = resolve_device(cfg.device)
+    device = distributed.init(resolve_device(cfg.device), cfg)  # under torchrun: join the process group
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
     random.seed(cfg.seed)
@@ -148,8 +149,9 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     def gib(m):
         return sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30
 
-    if distributed.is_main():  # the logger made the folder
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    if not distributed.is_main():
+        return
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # the logger made the folder
     policy = models["policy"]
     memory = ", ".join(f"{k} {gib(m):.2f} GiB" for k, m in models.items() if m is not None)
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
@@ -170,7 +172,9 @@ def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig,
     G = cfg.samples_per_prompt
     t = time.perf_counter()
     prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
-    roll = sampler.generate(prompts, G, sampling_params(cfg), seed)
+    first = distributed.rank() * len(examples)  # each prompt's draws from its index in the global batch
+    seeds = [derive_seed(seed, first + i, "prompt") for i in range(len(examples))]
+    roll = sampler.generate(prompts, G, sampling_params(cfg), seeds)
     timer["rollout"] += time.perf_counter() - t
     timer["tokens"] += sum(len(c) for c in roll.completion_ids)
     t = time.perf_counter()
@@ -211,10 +215,9 @@ def reward_metrics(rewards: torch.Tensor, parts: dict, G: int, threshold: float 
             **{f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()}}  # over the samples it scored
 
 
-def rollout_metrics(roll) -> dict:
-    lengths = [len(c) for c in roll.completion_ids]
-    return {"rollout/len_mean": sum(lengths) / len(lengths), "rollout/len_max": max(lengths),
-            "rollout/truncated_frac": sum(roll.truncated) / len(lengths)}
+def rollout_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict:
+    return {"rollout/len_mean": lengths.float().mean().item(), "rollout/len_max": lengths.max().item(),
+            "rollout/truncated_frac": truncated.float().mean().item()}
 
 
 def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: int, t_start: float) -> dict:
@@ -241,7 +244,8 @@ def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, ste
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+    if distributed.is_main():
+        tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
     return metrics
 
 
@@ -252,7 +256,8 @@ def first_eval(resuming: bool, out: Path, evaluate_now) -> dict:
 
 
 def progress(start: int, cfg: OnlineConfig, name: str):
-    return tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=name, dynamic_ncols=True, disable=None)
+    return tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=name, dynamic_ncols=True,
+                disable=None if distributed.is_main() else True)
 
 
 def due(step: int, every: int, total: int, at_end: bool) -> bool:
@@ -276,6 +281,7 @@ def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t
         (out / "results.json").write_text(json.dumps(result, indent=2))
     logger.close()
     checkpoint.unlock(out)
+    distributed.finish()
     before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
     print(f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
           f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}")

@@ -151,7 +151,8 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         n_mb, m = epochs_run * (batch // mb_size), mask.bool()
         metrics = {
             **reward_metrics(rewards, parts, G, task.acc_threshold), "reward/kl_penalty": kl.sum(-1).mean().item(),
-            **rollout_metrics(roll), **update_metrics(sums, n_mb), "optim/lr": sched.get_last_lr()[0],
+            **rollout_metrics(mask.sum(-1).long(), torch.tensor(roll.truncated)), **update_metrics(sums, n_mb),
+            "optim/lr": sched.get_last_lr()[0],
             "value/loss": vsums["loss"] / n_mb, "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
             "value/explained_variance": explained_variance(old_values, returns, mask),
             "value/mean": old_values[m].mean().item(), "returns/mean": returns[m].mean().item(),

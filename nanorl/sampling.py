@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from nanorl.backends import Backend
 from nanorl.data import left_pad
 from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
+from nanorl.seeds import derive_seed
 
 
 @dataclass
@@ -57,8 +58,9 @@ class Rollouts:
                         self.logprobs + other.logprobs, self.truncated + other.truncated, self.n)
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator):
-    """logits (A, V) -> (token ids (A,), policy log-probs of those tokens (A,))."""
+def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None):
+    """logits (A, V) and one uniform number in [0, 1) per row u (A, 1) -> (token ids (A,), policy log-probs of
+    those tokens (A,)). Greedy (temperature 0) needs no u."""
     z = logits.float() if params.temperature in (0, 1) else logits.float() / params.temperature  # (A, V)
     probs = torch.softmax(z, dim=-1)  # (A, V) the policy
     if params.temperature == 0:
@@ -72,7 +74,6 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Genera
         sorted_p, order = weights.sort(dim=-1, descending=True)
         drop_sorted = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
         weights = weights.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
-    u = torch.rand(len(weights), 1, generator=gen, device=weights.device)  # (A, 1) one uniform number per row
     token = inverse_cdf(weights, u)
     return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # log of the untruncated policy
 
@@ -107,8 +108,10 @@ class Sampler(Protocol):
     """What the loops call for rollouts and evaluation. Another engine (an inference server, vLLM) plugs in by
     implementing these two methods; the loops do not change."""
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> Rollouts:
-        """n completions of each prompt (token ids), with the policy's log-prob of every sampled token."""
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
+        """n completions of each prompt (token ids), with the policy's log-prob of every sampled token. `seed`:
+        one per prompt (a prompt's draws then do not depend on the batch it is in: data parallel ranks sample
+        what one process would), or an int s meaning derive_seed(s, i, "prompt") for prompt i."""
 
     def sync_weights(self, model) -> None:
         """Called after each update with the trained model: an engine holding its own copy loads it here."""
@@ -120,7 +123,7 @@ class LocalSampler:
     def __init__(self, model, stop_ids: list[int], pad_id: int, backend: Backend = AUTO):
         self.model, self.stop_ids, self.pad_id, self.backend = model, stop_ids, pad_id, backend
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int) -> Rollouts:
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, whatever mode the caller keeps the model in
         try:
@@ -155,14 +158,17 @@ class ModelStep:
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
-             seed: int, pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
-    """Sample n completions for each prompt; deterministic for a given seed, model and device. `lean=False`
-    decodes with the model's own forward even where backends/decode.py's faster step applies."""
+             seed: int | list[int], pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
+    """Sample n completions for each prompt; deterministic for a given seed (one per prompt, or an int for all:
+    Sampler.generate), model and device. `lean=False` decodes with the model's own forward even where
+    backends/decode.py's faster step applies."""
     from transformers import DynamicCache
 
     with backend.forward(model, pack_weights=True) as packed:
         device = next(model.parameters()).device
-        gen = torch.Generator(device=device).manual_seed(seed)
+        seeds = seed if isinstance(seed, list) else [derive_seed(seed, i, "prompt") for i in range(len(prompts))]
+        noise = None if params.temperature == 0 else torch.cat(  # (N, T) each prompt's uniforms, from its own seed
+            [torch.rand(n, params.max_new_tokens, generator=torch.Generator().manual_seed(s)) for s in seeds]).to(device)
         stops = torch.tensor(stop_ids, device=device)
 
         # --- prefill: each distinct prompt once; its cache serves the n samples of its group
@@ -184,7 +190,7 @@ def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, st
 
         # --- decode: one token per step for the rows still alive
         for t in range(params.max_new_tokens):
-            token, lp = sample_token(logits, params, gen)  # (A,), (A,)
+            token, lp = sample_token(logits, params, None if noise is None else noise[alive, t][:, None])  # (A,), (A,)
             done = torch.isin(token, stops)
             for row, tk, l, d in zip(alive.tolist(), token.tolist(), lp.tolist(), done.tolist()):
                 tokens[row].append(tk)

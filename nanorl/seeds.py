@@ -13,6 +13,7 @@ STREAMS = {
     "shuffle": 7_919,     # the order of rows in the minibatches of an off-policy update
     "refill": 9_973,      # which prompts DAPO's dynamic sampling draws to refill a step
     "offline": 31,        # the order of rows in each epoch of DPO, SFT and reward-model training
+    "prompt": 1_000_000_007,  # one prompt's draws in a rollout (step = the prompt's index in the batch)
 }
 
 

@@ -16,6 +16,7 @@ import torch
 
 from nanorl.backends import Backend
 from nanorl.data import chunks, collate
+from nanorl.integrations import distributed
 from nanorl.logprobs import AUTO, token_logprobs
 from nanorl.losses import kl_penalty, loss_weights, mismatch_weights, policy_loss
 
@@ -74,7 +75,8 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
     gradient is the same for any micro_batch_size. Rows with zero advantage are skipped when there is
     no KL term: their loss is exactly 0 (the counts still include them). Returns sums for metrics.
     """
-    n_tokens, n_seqs = sum(len(roll.completion_ids[i]) for i in mb), len(mb)  # counts of the whole minibatch
+    n_tokens = distributed.reduce(sum(len(roll.completion_ids[i]) for i in mb))  # counts of the whole minibatch,
+    n_seqs = distributed.reduce(len(mb))  # every rank's rows of it (torchrun)
     rows = [i for i in mb if bool((adv[i] != 0).any()) or ref is not None or cfg.entropy_coef > 0]
     stats = {"loss": 0.0, "tokens": 0, "ratio": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0,
              "logp_diff": 0.0, "approx_kl": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf"),
@@ -112,7 +114,7 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
             stats[name] += value[m].sum().item()
         stats["ratio_min"] = min(stats["ratio_min"], st["ratio"][m].min().item())
         stats["ratio_max"] = max(stats["ratio_max"], st["ratio"][m].max().item())
-    return stats
+    return {k: distributed.reduce(v, k[6:] if k in ("ratio_min", "ratio_max") else "sum") for k, v in stats.items()}
 
 
 def merge_stats(total: dict, new: dict, grad_norm: float) -> None:

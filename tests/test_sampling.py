@@ -4,6 +4,7 @@ from nanorl.data import collate
 from nanorl.logprobs import token_logprobs
 from nanorl.models import stop_token_ids
 from nanorl.sampling import SamplingParams, generate, inverse_cdf, sample_token
+from nanorl.seeds import derive_seed
 
 
 def _prompts(tok):
@@ -71,12 +72,13 @@ def test_generation_config_defaults_do_not_change_sampling(tiny):
 def test_top_k_and_top_p_truncate_sampling_not_logprobs():
     logits = torch.tensor([[3.0, 2.0, 1.0, -5.0]])
     gen = torch.Generator().manual_seed(0)
-    seen = {sample_token(logits, SamplingParams(top_k=2), gen)[0].item() for _ in range(200)}
+    u = lambda: torch.rand(1, 1, generator=gen)  # noqa: E731  one uniform per row
+    seen = {sample_token(logits, SamplingParams(top_k=2), u())[0].item() for _ in range(200)}
     assert seen == {0, 1}
     probs = torch.softmax(logits, -1)[0]  # 0.665, 0.245, 0.090, 0.0002
-    seen = {sample_token(logits, SamplingParams(top_p=0.8), gen)[0].item() for _ in range(200)}
+    seen = {sample_token(logits, SamplingParams(top_p=0.8), u())[0].item() for _ in range(200)}
     assert seen == {0, 1}  # smallest prefix with mass >= 0.8 is {0, 1}
-    token, lp = sample_token(logits, SamplingParams(top_k=1), gen)
+    token, lp = sample_token(logits, SamplingParams(top_k=1), u())
     assert token.item() == 0 and torch.allclose(lp, probs[0].log().unsqueeze(0))
 
 
@@ -87,7 +89,7 @@ def test_sampled_frequencies_match_the_policy():
     gen = torch.Generator().manual_seed(0)
     for params, probs in ((SamplingParams(temperature=2.0), torch.softmax(logits[0] / 2, -1)),
                           (SamplingParams(top_k=2), torch.softmax(logits[0, :2], -1))):
-        token, lp = sample_token(logits, params, gen)
+        token, lp = sample_token(logits, params, torch.rand(len(logits), 1, generator=gen))
         freq = torch.bincount(token, minlength=5)[:len(probs)].double() / len(token)
         stderr = (probs * (1 - probs) / len(token)).sqrt()
         assert ((freq - probs).abs() <= 5 * stderr + 1e-12).all(), (freq, probs)
@@ -113,3 +115,17 @@ def test_inverse_cdf_matches_a_single_running_sum_and_skips_zero_weights():
         top = inverse_cdf(w, torch.full((64, 1), 1 - 2**-24), block)
         assert (top < 1000).all() and (w.gather(-1, top[:, None]) > 0).all()
         assert (top[:4] < 700).all() and top[4] == 3
+
+
+def test_a_prompts_samples_do_not_depend_on_its_batch(tiny):
+    # per-prompt seeds: the last two prompts sampled alone draw what they drew among four (what lets torchrun ranks
+    # sample their share of a step's prompts and get the single-process batch); an int seed = derive_seed per prompt
+    model, tok = tiny
+    prompts, p = _prompts(tok) + [tok("more words")["input_ids"]], SamplingParams(max_new_tokens=8)
+    seeds = [11, 12, 13, 14]
+    both = generate(model, prompts, 3, p, [], seed=seeds, pad_id=tok.pad_token_id)
+    half = generate(model, prompts[2:], 3, p, [], seed=seeds[2:], pad_id=tok.pad_token_id)
+    assert half.completion_ids == both.completion_ids[6:]
+    assert generate(model, prompts, 3, p, [], seed=5, pad_id=tok.pad_token_id).completion_ids == generate(
+        model, prompts, 3, p, [], seed=[derive_seed(5, i, "prompt") for i in range(len(prompts))],
+        pad_id=tok.pad_token_id).completion_ids

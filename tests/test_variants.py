@@ -152,7 +152,8 @@ def test_mismatch_correction_weighs_each_token_by_its_truncated_or_masked_ratio(
 
     model, tok, roll = _rollout()
     learner = learner_logprobs(model, roll, GRPOConfig(), tok.pad_token_id, "cpu")
-    shifts = [torch.linspace(-0.9, 0.9, len(lp)) for lp in learner]
+    # per token -0.9 .. 0.9, plus a per-sequence offset so that sequence-level ratios differ from 1 as well
+    shifts = [torch.linspace(-0.9, 0.9, len(lp)) + 0.3 * (i % 3 - 1) for i, lp in enumerate(learner)]
     roll.logprobs = [lp + s for lp, s in zip(learner, shifts)]
     adv = torch.tensor([1.0, -0.5, 2.0, -1.0] * 3)  # (N,) per sequence
     rows = list(range(12))

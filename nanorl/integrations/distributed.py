@@ -1,0 +1,130 @@
+"""Data parallel training under `torchrun`: every rank logic of a run lives here.
+
+    torchrun --nproc_per_node 2 -m nanorl.cli train --model tiny      # 2 processes, one training, one run folder
+
+A plain run is one process: rank 0 of 1, and every function below is the identity. Under torchrun (WORLD_SIZE
+> 1) `init` joins the process group (nccl on GPUs, gloo on CPU) and each rank takes its contiguous share of each
+step's prompts (`share`): it samples, scores and backpropagates only those. What must count the whole batch is
+made global here: rewards and lengths are gathered (`gather`), so advantages, metrics and the loss normalisers
+are the single-process ones; gradients are summed over ranks once per optimizer step (`all_reduce_grads`), so
+two processes take the same step as one process on the same global batch (tests/test_distributed.py). Only the
+main process (rank 0) writes logs, samples, checkpoints and the final model.
+
+Why not the DistributedDataParallel wrapper: it reduces gradients inside each backward and needs every rank to
+run the same number of backwards with the same parameters used. Here ranks differ in both (rows with zero
+advantage or a truncated completion are skipped, a prompt forward and a completion forward feed one backward),
+and the CPU backend writes weight gradients in place, past autograd's hooks. One all-reduce of the accumulated
+gradients before the optimizer step is what DDP's gradient accumulation (no_sync) does, without those limits.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+STARTED: list[bool] = []  # whether this module joined the process group (then `finish` leaves it)
+
+
+def initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if initialized() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init(device: torch.device, cfg=None) -> torch.device:
+    """Join torchrun's process group (once per process) and check that `cfg` can run in it -> this rank's
+    device: cuda:LOCAL_RANK on GPUs."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not initialized():
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        STARTED.append(True)
+    if cfg is not None and world_size() > 1:
+        check(cfg)
+    return device
+
+
+def check(cfg) -> None:
+    """What does not run in several processes yet, refused before any model is loaded."""
+    from nanorl.config import ConfigError, PPOConfig
+
+    if isinstance(cfg, PPOConfig):
+        raise ConfigError("nanorl ppo runs in one process for now (its GAE whitening and critic are not sharded); "
+                          "run it without torchrun")
+    if getattr(cfg, "dynamic_sampling", 0):
+        raise ConfigError("config key 'dynamic_sampling': not yet under torchrun (run DAPO in one process)")
+    if hasattr(cfg, "prompts_per_step") and cfg.prompts_per_step % world_size():  # equal shares of each step
+        raise ConfigError(f"config key 'prompts_per_step': {cfg.prompts_per_step} must be divisible by the "
+                          f"{world_size()} processes of torchrun")
+
+
+def share(n: int) -> slice:
+    """This rank's contiguous share of n items (sizes differ by at most one when the world size does not divide n)."""
+    return slice(rank() * n // world_size(), (rank() + 1) * n // world_size())
+
+
+def gather(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x (equal shapes, on the CPU) concatenated along dim 0 in rank order: the global batch."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def gather_objects(items: list) -> list:
+    """Every rank's list concatenated in rank order (any picklable items)."""
+    if world_size() == 1:
+        return items
+    out: list = [None] * world_size()
+    dist.all_gather_object(out, items)
+    return [x for part in out for x in part]
+
+
+def reduce(value: float, op: str = "sum") -> float:
+    """A number summed (or op = "min" / "max") over ranks."""
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return int(t.item()) if isinstance(value, int) else t.item()
+
+
+def all_reduce_grads(model) -> None:
+    """Sum the accumulated gradients over ranks, in place. A parameter no rank gave a gradient keeps None (AdamW
+    skips it, as in one process); one some rank did not reach gets zeros there first."""
+    if world_size() == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    dist.all_reduce(has)
+    pending = []
+    for p, anywhere in zip(params, has.tolist()):
+        if anywhere:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            pending.append(dist.all_reduce(p.grad, async_op=True))
+    for work in pending:
+        work.wait()
+
+
+def finish() -> None:
+    """Leave the process group at the end of a run, if `init` joined it (not one the caller set up)."""
+    if initialized() and STARTED:
+        dist.barrier()
+        dist.destroy_process_group()
+        STARTED.clear()

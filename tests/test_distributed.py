@@ -1,0 +1,73 @@
+"""Data parallel training under torchrun (gloo on CPU): two processes take the same steps as one process on the
+same global batch, and write one run folder. Each case launches real processes: `torchrun --nproc_per_node 2`
+against a plain `python -m nanorl.cli`, on the tiny random model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import nanorl
+
+REWARD = '''
+def digits(completions, **kw):  # a reward the tiny random model's samples differ on: a learning signal
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+'''
+CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss, batch whitening, filtered overlong
+    "grpo": [],
+    "offpolicy": ["--algo", "reinforce_pp", "--minibatch-size", "16", "--epochs", "2", "--kl-coef", "0.05",
+                  "--overlong", "filter", "--max-new-tokens", "12"],
+}
+
+
+def run(tmp_path, name: str, args: list[str], procs: int) -> subprocess.CompletedProcess:
+    (tmp_path / "r.py").write_text(REWARD)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)] if procs > 1 else [sys.executable]
+    cmd = launch + ["-m", "nanorl.cli", "train", "--model", "tiny", "--steps", "3", "--eval-size", "10", "--lr", "3e-3",
+                    "--reward", f"{tmp_path / 'r.py'}:digits", "--out-dir", str(tmp_path / name), "--report-to", "none",
+                    *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def metrics(folder) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+            for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_train_as_one(tmp_path, case):
+    run(tmp_path, "one", CASES[case], 1)
+    run(tmp_path, "two", CASES[case], 2)
+    one, two = load_file(tmp_path / "one/model/model.safetensors"), load_file(tmp_path / "two/model/model.safetensors")
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=1e-6, msg=k)
+    m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [m["step"] for m in m2] == [1, 2, 3]  # one line per step: only the main process writes
+    assert m1[0]["optim/grad_norm"] > 0 and m1[0]["reward/frac_groups_with_variance"] > 0  # it trained
+    for a, b in zip(m1, m2):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), k
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "r.py", "two"]  # one run folder each
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--prompts-per-step", "3"], "'prompts_per_step': 3 must be divisible by the 2 processes"),
+    (["train", "--algo", "dapo"], "'dynamic_sampling': not yet under torchrun"),
+    (["ppo"], "nanorl ppo runs in one process for now"),
+])
+def test_what_cannot_run_sharded_is_refused_before_any_model_loads(tmp_path, args, message):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "nanorl.cli", *args,
+           "--model", "tiny", "--out-dir", str(tmp_path / "run")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
+    # one line from each rank, no traceback through nanorl's code (torchrun adds its own report of the exit codes)
+    assert f'File "{os.path.dirname(nanorl.__file__)}' not in out.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
