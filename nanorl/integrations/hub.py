@@ -16,6 +16,7 @@ state dict, check that its logits match, and save that.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -105,13 +106,19 @@ def _gguf_folder(gguf: Path, target: Path) -> Path:
         raise RuntimeError(f"GGUF conversion of {gguf} changed the logits (max diff {diff:.2e})")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    tmp = target.with_name(target.name + ".tmp")
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")  # per process: torchrun's ranks may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if (target / "config.json").is_file():  # another process finished first: its folder is the same conversion
+        shutil.rmtree(tmp)
+        return target
     shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)  # atomic: an interrupted conversion never leaves a half-written cache
+    try:
+        tmp.rename(target)  # atomic: an interrupted conversion never leaves a half-written cache
+    except OSError:  # another process renamed its copy in between
+        shutil.rmtree(tmp)
     return target
 
 
