@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nanorl.tasks.code import code_reward, code_task, extract_code, score_programs
-from nanorl.tasks.sandbox import UID_BASE, Limits, run_python
+from nanorl.tasks.sandbox import UID_BASE, UID_SLOTS, Limits, run_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux only")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="attack tests need root (private uid isolation)")
@@ -36,7 +36,7 @@ def _sandbox_procs() -> list[int]:
                 state = status.split("State:")[1].split()[0]
             except (OSError, IndexError):
                 continue
-            if UID_BASE <= uid < UID_BASE + 64 and state != "Z":
+            if UID_BASE <= uid < UID_BASE + UID_SLOTS and state != "Z":
                 pids.append(int(d.name))
     return pids
 
