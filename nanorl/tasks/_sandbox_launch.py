@@ -229,6 +229,7 @@ def init(cfg: dict, program: str, report_fd: int, data_fd: int, isolated: bool) 
         if not isolated:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # no PID namespace to take it down with init
         os.execve(python, [python, "-I", "main.py"], env)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the program may signal PID 1: only handled signals arrive
     while True:  # reap orphans until the program itself ends
         reaped, status = os.waitpid(-1, 0)
         if reaped == pid:
@@ -264,11 +265,11 @@ def main() -> None:
 
         signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, cfg["wall_s"])
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(pid, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
         with os.fdopen(read_fd, "rb") as f:
             said = f.read(4096)
-        report = {"timeout": True} if timed_out else json.loads(said or b'{"error": "sandbox: init died"}')
+        report = {"timeout": True} if timed_out else json.loads(said) if said else {"status": status or 0x7F00}
     with open(cfg["status"], "w") as f:
         json.dump(report, f)
 

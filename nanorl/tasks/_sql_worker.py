@@ -28,7 +28,10 @@ def tag(v) -> list:
 
 
 def run(req: dict) -> dict:
-    conn = sqlite3.connect(req["uri"] + "?mode=ro", uri=True)
+    try:
+        conn = sqlite3.connect(req["uri"] + "?mode=ro", uri=True)
+    except sqlite3.Error as e:
+        return {"error": f"{type(e).__name__}: {e}"}
     try:
         conn.execute(f"PRAGMA hard_heap_limit = {req['memory_mb'] << 19}")  # half the address space, for SQLite
         conn.execute("PRAGMA query_only = ON")

@@ -29,7 +29,7 @@ import operator
 import re
 from collections import Counter
 
-from nanorl.tasks.sandbox import Limits, run_many
+from nanorl.tasks.sandbox import Limits, SandboxError, run_many
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.S)
 STATS = Counter()  # runs, malformed (output that did not parse), failed (the program did not exit 0 in time)
@@ -263,7 +263,11 @@ def score_programs(completions: list[str], tests: list[list[dict]], all_or_nothi
     except (ValueError, SyntaxError, TypeError) as e:  # the task's tests, not the completion
         raise RewardSetupError(f"code reward: {e}") from None
     programs = [RUNNER.format(exprs=exprs, solution=extract_code(c)) for c, (exprs, _) in zip(completions, plans)]
-    fractions = [judge(r, checks, len(exprs)) for r, (exprs, checks) in zip(run_many(programs, limits), plans)]
+    try:
+        results = run_many(programs, limits)
+    except SandboxError as e:  # the machine, not the completion: stop the run whatever reward_errors says
+        raise RewardSetupError(f"code reward: {e}") from None
+    fractions = [judge(r, checks, len(exprs)) for r, (exprs, checks) in zip(results, plans)]
     return [float(f == 1.0) if all_or_nothing else f for f in fractions]
 
 

@@ -64,6 +64,10 @@ class Result:
     data: bytes = b""  # what it wrote to file descriptor 3, at most file_bytes
 
 
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up (not the program's doing)."""
+
+
 _slots = threading.Semaphore(64)  # programs in flight from this process
 
 
@@ -95,7 +99,7 @@ def _reason(report: dict) -> tuple[int | None, str]:
 
 def run_python(code: str, limits: Limits | None = None) -> Result:
     """Run `code` as a Python program under `limits`; never raises for anything the program does (a sandbox
-    that cannot be set up raises RuntimeError)."""
+    that cannot be set up raises SandboxError)."""
     limits = limits or Limits()
     if not sys.platform.startswith("linux"):
         raise RuntimeError("the code sandbox needs Linux (namespaces and resource limits)")
@@ -134,7 +138,7 @@ def run_python(code: str, limits: Limits | None = None) -> Result:
                 report = {"timeout": True} if proc.returncode == -signal.SIGKILL else \
                     {"error": f"the sandbox launcher failed (exit {proc.returncode}): {stderr[-2000:]}"}
             if "error" in report:
-                raise RuntimeError(report["error"])
+                raise SandboxError(report["error"])
             rc, reason = _reason(report)
             data = (tmp / "data").read_bytes()[:limits.file_bytes] if (tmp / "data").is_file() else b""
             return Result(not reason, rc, stdout, stderr, reason, data)
