@@ -1,6 +1,6 @@
 """Sandbox launcher: isolate, drop privileges, filter system calls, then exec the untrusted program.
 
-Run by `sandbox.run_python` as `python -I _sandbox_launch.py CONFIG_JSON` (stdlib only, never imported).
+Run by `sandbox.run_python` as `python -I -S _sandbox_launch.py CONFIG_JSON` (stdlib only, never imported).
 
     launcher (host PID namespace, root)        enforces the wall clock, reports how the program ended
       └─ init = PID 1 of a new PID namespace   builds the minimal root, drops to the private uid, reaps
@@ -23,7 +23,6 @@ import ctypes
 import glob
 import json
 import os
-import platform
 import resource
 import signal
 import struct
@@ -80,7 +79,7 @@ def lock_down(libc) -> None:
     """no_new_privs (no setuid binary can give privileges back), then the seccomp filter where one exists."""
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    program = seccomp_program(platform.machine())
+    program = seccomp_program(os.uname().machine)
     if program is None:
         return
 
@@ -177,7 +176,7 @@ def build_root(libc, cfg: dict, prefix: str) -> None:
     os.makedirs(new + "/tmp/work", 0o700)
     os.chown(new + "/tmp/work", cfg["uid"], cfg["uid"])
     os.chdir(new)
-    _check(libc.syscall(155 if platform.machine() == "x86_64" else 41, b".", b"."), "pivot_root")  # SYS_pivot_root
+    _check(libc.syscall(155 if os.uname().machine == "x86_64" else 41, b".", b"."), "pivot_root")  # SYS_pivot_root
     _check(libc.umount2(b".", MNT_DETACH), "detaching the old root")  # the host's tree, gone from view
     os.chdir("/")
     _mount(libc, None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)

@@ -4,18 +4,18 @@
     task = code_task()                     # the built-in set: 40 small functions written for nanorl
 
 Tests are either {"call": "f(1, 2)", "expected": "3"} (a Python expression and the literal it must
-equal) or {"assert": "f(1) == 2"} statements. The judge never lets the expected answers into the
-sandbox. The program that runs there is the solution plus a runner that evaluates only each test's
-expressions (a call; the non-literal sides of an assert's comparison; the operand of `assert x` or
-`assert not x`) and writes each value to file descriptor 3 as plain data, one JSON line per
-expression in a tagged format of built-in types only (`encode` in RUNNER, `decode` here). The
-trainer parses that defensively and compares it itself: a call strictly (same built-in types all
-the way down, so an object whose `__eq__` always says True gains nothing), an assert with Python's
-operators on the plain values. The program can patch anything in its own interpreter, or write
-lines of its own, but it cannot see what it is compared against: a forged value is only a guess,
-and a second line for one expression voids the whole run. An assert with no literal side (say
-`f(1) == g(1)`) has to be evaluated whole inside the sandbox, where the program can bend it: write
-such tests as a call and a literal.
+equal) or {"assert": "f(1) == 2"} statements. The expected answers never enter the sandbox. What
+runs there is the solution plus RUNNER, which evaluates only each test's expressions (a call; the
+non-literal sides of an assert's comparison; `and`, `or` and `not` are left to the judge) and writes
+each value to file descriptor 3 as plain data: one JSON line per expression, tagged with its
+built-in type (["i", "3"], ["l", [...]], ...; anything else is ["?", type name]). The trainer parses
+that defensively (`parse_values`, `decode`: size, depth and type checks) and compares it itself: a
+call strictly (same built-in types all the way down, so an object whose `__eq__` always says True
+gains nothing), an assert with Python's operators on the plain values. The program can patch
+anything in its own interpreter or write lines of its own, but it never sees what it is compared
+against: a forged value is only a guess, and a second line for one expression voids the whole run.
+An assert with no literal side (`f(1) == g(1)`) is evaluated whole inside the sandbox, where the
+program can bend it: write such tests as a call and a literal.
 Reward: the fraction of tests passed, in [0, 1], or 1/0 with all_or_nothing. Output that does not
 parse scores 0 and is counted in STATS["malformed"]; nothing the program does raises.
 """

@@ -116,7 +116,7 @@ def run_python(code: str, limits: Limits | None = None) -> Result:
                    "wall_s": limits.wall_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
                    "procs": limits.procs, "file_bytes": limits.file_bytes, "tmp_mb": limits.tmp_mb}
             with open(tmp / "stdout", "wb+") as out, open(tmp / "stderr", "wb+") as err:
-                proc = subprocess.Popen([sys.executable, "-I", str(LAUNCHER), json.dumps(cfg)], stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(cfg)], stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, cwd=tmp, env={"PATH": "/usr/bin:/bin"},
                                         start_new_session=True, pass_fds=() if lock is None else (lock,))
                 try:
