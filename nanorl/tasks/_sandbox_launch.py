@@ -184,6 +184,14 @@ def build_root(libc, cfg: dict, prefix: str) -> None:
 
 # --- the three processes ---
 
+def interpreter() -> str:
+    """The real interpreter behind sys.executable (a venv's link), or the prefix's own where the venv holds a copy."""
+    real, prefix = os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
+    if any(_inside(real, t) for t in visible_trees(prefix)):
+        return real
+    return os.path.join(prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
 def set_limits(cfg: dict) -> None:
     limits = [(resource.RLIMIT_CPU, cfg["cpu_s"]), (resource.RLIMIT_AS, cfg["memory_mb"] << 20),
               (resource.RLIMIT_NPROC, cfg["procs"]), (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
@@ -195,7 +203,7 @@ def set_limits(cfg: dict) -> None:
 def init(cfg: dict, program: str, report_fd: int, data_fd: int, isolated: bool) -> None:
     """PID 1 of the sandbox: set up, drop privileges, run the program, reap, report its wait status."""
     libc = ctypes.CDLL(None, use_errno=True)
-    python = os.path.realpath(sys.executable)
+    python = interpreter()
     low, high = sorted((report_fd, data_fd))  # the uid lock and all else the launcher holds: not ours to keep
     for start, stop in ((3, low), (low + 1, high), (high + 1, 1 << 20)):
         os.closerange(start, stop)

@@ -73,7 +73,10 @@ _slots = threading.Semaphore(64)  # programs in flight from this process
 
 def take_uid() -> tuple[int, int]:
     """-> (uid, the fd holding its lock file locked). Free slots are found by trying locks from a random start."""
-    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    try:
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise SandboxError(f"the sandbox's uid locks need the folder {LOCK_DIR}: {e}") from None
     while True:
         start = random.randrange(UID_SLOTS)
         for i in range(UID_SLOTS):
