@@ -131,12 +131,13 @@ def masked(trees: list[str], hide: list[str]) -> list[str]:
     (installed packages, nanorl itself among them) and the folders named in `hide` (nanorl, the checkout)."""
     found = set()
     for tree in trees:
-        for pattern in ("lib*/python3*/site-packages", "lib*/python3*/dist-packages", "lib*/python3/dist-packages",
+        for pattern in ("lib*/python3*/site-packages", "lib*/python3*/dist-packages",
                         "local/lib*/python3*/site-packages", "local/lib*/python3*/dist-packages"):
             found.update(glob.glob(os.path.join(tree, pattern)))
     found.update(h for h in hide if os.path.isdir(h))
     found = {os.path.realpath(p) for p in found}
-    return sorted(p for p in found if any(_inside(p, t) and p != t for t in trees))
+    found = {p for p in found if any(_inside(p, t) and p != t for t in trees)}
+    return sorted(p for p in found if not any(q != p and _inside(p, q) for q in found))  # outermost only
 
 
 def build_root(libc, cfg: dict, prefix: str) -> None:
