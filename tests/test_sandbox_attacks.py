@@ -6,6 +6,7 @@ file and removes it; no real host file or process is touched.
 Root only (these machines, CI): as another user the sandbox has no namespaces to build (see sandbox.py).
 """
 
+import ast
 import ctypes
 import fcntl
 import json
@@ -266,3 +267,68 @@ def test_a_good_program_still_passes_with_threads_and_subprocesses(host):
             "with tempfile.TemporaryFile() as f:\n    ok = ok and f.write(b'x') == 1\n")
     assert _score(body) == 1.0
     assert run_python("print(open('/dev/urandom', 'rb').read(4).__len__())", FAST).stdout == "4\n"
+
+
+NOBODY_PROBE = r'''
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sbx", sys.argv[1])
+sbx = sys.modules["sbx"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sbx)
+probe = """
+import glob, os, socket, subprocess, sys, threading
+t = threading.Thread(target=lambda: None)
+t.start()
+t.join()
+status = open('/proc/self/status').read()
+print(repr({"root": sorted(os.listdir('/')), "pids": len(glob.glob('/proc/[0-9]*')), "host": socket.gethostname(),
+            "nnp": 'NoNewPrivs:\\t1' in status, "seccomp": 'Seccomp:\\t2' in status,
+            "caps": status.split('CapEff:')[1].split()[0], "trainer_folder": os.path.exists(%r),
+            "child": subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True).stdout}))
+if os.fork() == 0:
+    os.setsid()
+    os.execv('/bin/sleep', ['nanorl-daemon-canary', '60'])
+""" % sys.argv[2]
+r = sbx.run_python(probe, sbx.Limits(wall_s=10))
+print(json.dumps({"namespaces": sbx.USER_NAMESPACES, "ok": r.ok, "stdout": r.stdout, "stderr": r.stderr}))
+'''
+
+
+def test_as_another_user_the_sandbox_is_built_in_a_user_namespace(host, tmp_path):
+    """Run as `nobody` (setpriv) with the system Python: the same minimal root, PID namespace, hostname,
+    no_new_privs, seccomp and no capabilities, and a detached daemon dies with the program."""
+    import shutil
+    import tempfile
+
+    python = "/usr/bin/python3"
+    if not (shutil.which("setpriv") and os.path.exists(python)):
+        pytest.skip("needs setpriv and a system Python that another user can run")
+    folder = Path(tempfile.mkdtemp(prefix="nanorl-nobody-"))
+    try:
+        folder.chmod(0o755)
+        for name in ("sandbox.py", "_sandbox_launch.py"):
+            shutil.copy(Path(sandbox.__file__).with_name(name), folder / name)
+        (folder / "probe.py").write_text(NOBODY_PROBE)
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-I",
+                               str(folder / "probe.py"), str(folder / "sandbox.py"), str(folder / "probe.py")],
+                              capture_output=True, text=True, timeout=60, cwd=folder)
+        if "namespaces" not in done.stdout:
+            pytest.skip(f"cannot run the sandbox as nobody here: {done.stderr[-300:]}")
+        out = json.loads(done.stdout)
+        if not out["namespaces"]:
+            pytest.skip("this kernel refuses unprivileged user namespaces")
+        assert out["ok"], out["stderr"]
+        seen = ast.literal_eval(out["stdout"])
+        assert set(seen["root"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+        assert seen["pids"] == 2 and seen["host"] == "sandbox" and not seen["trainer_folder"]  # 2: init, program
+        assert seen["nnp"] and seen["seccomp"] and seen["caps"] == "0000000000000000" and seen["child"] == b"7\n"
+        time.sleep(0.3)
+        assert not any(b"nanorl-daemon-canary" in _cmdline(p) for p in Path("/proc").iterdir() if p.name.isdigit())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

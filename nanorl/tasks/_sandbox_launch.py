@@ -12,8 +12,11 @@ prefix (bound read-only, every site-packages/dist-packages and nanorl's own fold
 private /proc, /dev with null, zero, full, random and urandom, and small writable tmpfs on /tmp and
 /dev/shm; the program starts in /tmp/work. Then a private uid (host-wide unique: sandbox.py holds its
 lock), no_new_privs, and a seccomp filter that refuses kernel interfaces a program has no use for.
-As another user there are no namespaces to build the root with: a new user + network namespace where
-the kernel allows it, no_new_privs, the seccomp filter, the limits, and the trainer's uid.
+As another user the launcher first enters new user, network, IPC, UTS and PID namespaces with its
+uid mapped to itself, and init builds the same root inside them; the program keeps that uid, and its
+exec (a non-zero uid) drops the capabilities the namespace gave. Where the kernel refuses
+(cfg["userns"] false after a failure): a new user + network namespace if allowed, no_new_privs, the
+seccomp filter and the limits, in the trainer's own files.
 
 How the program ended travels on a pipe from init as JSON: {"status": wait status} or {"error": ...}.
 The launcher writes {"status"|"error"|"timeout": ...} to cfg["status"], which the trainer reads.
@@ -32,7 +35,8 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWCGROUP, CLONE_NEWTIME = 0x02000000, 0x00000080
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
+ST_RELATIME, MNT_DETACH = 4096, 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
@@ -103,9 +107,15 @@ def _mount(libc, source, target, fstype, flags, data=None) -> None:
     _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
+def _kept_flags(path: str) -> int:
+    """The flags of the mount holding `path` that a remount must repeat (in a user namespace they are locked)."""
+    f = os.statvfs(path).f_flag
+    return (f & (MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)) | (MS_RELATIME if f & ST_RELATIME else 0)
+
+
 def _bind_ro(libc, source: str, target: str, extra: int = MS_NODEV) -> None:
     _mount(libc, source, target, None, MS_BIND)
-    _mount(libc, None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | extra)
+    _mount(libc, None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | extra | _kept_flags(source))
 
 
 def _mountpoint(path: str, like: str) -> None:
@@ -175,7 +185,8 @@ def build_root(libc, cfg: dict, prefix: str) -> None:
     os.makedirs(new + "/proc")
     _mount(libc, "proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's
     os.makedirs(new + "/tmp/work", 0o700)
-    os.chown(new + "/tmp/work", cfg["uid"], cfg["uid"])
+    if os.geteuid() == 0:  # in a user namespace we are the program's uid already
+        os.chown(new + "/tmp/work", cfg["uid"], cfg["uid"])
     os.chdir(new)
     _check(libc.syscall(155 if os.uname().machine == "x86_64" else 41, b".", b"."), "pivot_root")  # SYS_pivot_root
     _check(libc.umount2(b".", MNT_DETACH), "detaching the old root")  # the host's tree, gone from view
@@ -213,11 +224,12 @@ def init(cfg: dict, program: str, report_fd: int, data_fd: int, isolated: bool) 
             _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")  # ours alone: the launcher keeps the host's
             build_root(libc, cfg, os.path.realpath(sys.base_prefix))
             libc.sethostname(b"sandbox", 7)
+            work = "/tmp/work"
+        if isolated and os.geteuid() == 0:
             os.setgroups([])
             os.setgid(cfg["uid"])
             os.setuid(cfg["uid"])  # from here on: no privileges, a uid no other process on the host uses
-            work = "/tmp/work"
-        else:
+        if not isolated:
             work = cfg["workdir"]
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone (killed): so are we
         lock_down(libc)
@@ -246,6 +258,19 @@ def init(cfg: dict, program: str, report_fd: int, data_fd: int, isolated: bool) 
     os._exit(0)
 
 
+def enter_user_namespace(libc) -> bool:
+    """As another user: new user, network, IPC, UTS and PID namespaces, our uid and gid mapped to themselves.
+    We hold every capability inside them (enough to build the root); the program's exec as a non-zero uid
+    drops them all. False where the kernel refuses unprivileged user namespaces."""
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID) != 0:
+        return False
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    return True
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     with open(cfg["program"]) as f:
@@ -253,9 +278,12 @@ def main() -> None:
     data_fd = os.open(cfg["data"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     libc = ctypes.CDLL(None, use_errno=True)
     root = os.geteuid() == 0
-    flags = (CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID) if root else \
-        CLONE_NEWUSER | CLONE_NEWNET
-    isolated = libc.unshare(flags) == 0
+    if root:
+        isolated = libc.unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID) == 0
+    else:
+        isolated = cfg["userns"] and enter_user_namespace(libc)
+        if not isolated:
+            libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)  # best effort: no network where the kernel allows it
     if root and not isolated:
         report = {"error": f"sandbox: unshare failed (errno {ctypes.get_errno()})"}
     else:
@@ -263,7 +291,7 @@ def main() -> None:
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
-            init(cfg, program, write_fd, data_fd, root)
+            init(cfg, program, write_fd, data_fd, isolated)
         os.close(write_fd)
         timed_out = []
 

@@ -15,9 +15,12 @@ taken from a host-wide pool: a lock file per uid under LOCK_DIR, held until the 
 process is gone, so two trainers on one host never share a uid. When the program ends or times out,
 PID 1 of its namespace is killed and the kernel takes every process inside with it; its System V
 IPC objects, mounts and network go with their namespaces.
-As another user there is no root to build: the program runs as your uid in a new user + network
-namespace where the kernel allows one, and its process group is killed at the end (a program that
-calls setsid() can outlive it); prefer a container there.
+As another user the same namespaces and minimal root are built inside a new user namespace (your uid
+mapped to itself; the program's exec drops every capability): what differs is the uid, which is
+yours, so RLIMIT_NPROC counts your processes in that namespace only and the private-uid pool is not
+used. Where the kernel refuses unprivileged user namespaces (or one cannot be built, e.g. a container
+that masks /proc), the program gets only the limits, the clean environment, no_new_privs and seccomp:
+it runs as your uid, sees your files, and a daemon that calls setsid() can outlive it.
 Linux only; `nanorl/tasks/_sandbox_launch.py` does the set-up in the child.
 """
 
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +73,7 @@ class SandboxError(RuntimeError):
 
 
 _slots = threading.Semaphore(64)  # programs in flight from this process
+USER_NAMESPACES = True  # as another user: build the sandbox in a user namespace (until one fails to build)
 
 
 def take_uid() -> tuple[int, int]:
@@ -102,10 +107,22 @@ def _reason(report: dict) -> tuple[int | None, str]:
 
 def run_python(code: str, limits: Limits | None = None) -> Result:
     """Run `code` as a Python program under `limits`; never raises for anything the program does (a sandbox
-    that cannot be set up raises SandboxError)."""
+    that cannot be set up raises SandboxError). As another user, a user namespace that cannot be built (a
+    container that masks /proc, say) is tried once, then the rest of the process runs without one."""
+    global USER_NAMESPACES
     limits = limits or Limits()
     if not sys.platform.startswith("linux"):
         raise RuntimeError("the code sandbox needs Linux (namespaces and resource limits)")
+    if os.geteuid() != 0 and USER_NAMESPACES:
+        try:
+            return _run(code, limits, userns=True)
+        except SandboxError as e:
+            USER_NAMESPACES = False
+            warnings.warn(f"the code sandbox runs without namespaces from now on: {e}")
+    return _run(code, limits, userns=False)
+
+
+def _run(code: str, limits: Limits, userns: bool) -> Result:
     root = os.geteuid() == 0
     with _slots:
         uid, lock = take_uid() if root else (os.geteuid(), None)
@@ -116,7 +133,7 @@ def run_python(code: str, limits: Limits | None = None) -> Result:
             (tmp / "root").mkdir()
             cfg = {"program": str(tmp / "program.py"), "workdir": str(tmp / "work"), "root": str(tmp / "root"),
                    "data": str(tmp / "data"), "status": str(tmp / "status"), "uid": uid, "hide": HIDDEN,
-                   "wall_s": limits.wall_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
+                   "userns": userns, "wall_s": limits.wall_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
                    "procs": limits.procs, "file_bytes": limits.file_bytes, "tmp_mb": limits.tmp_mb}
             with open(tmp / "stdout", "wb+") as out, open(tmp / "stderr", "wb+") as err:
                 proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(cfg)], stdin=subprocess.DEVNULL,
