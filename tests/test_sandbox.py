@@ -1,9 +1,10 @@
 """The code sandbox against hostile programs. Every attack must score 0 (or fail its test) within the
 time limit and leave the trainer alive and the host unchanged.
 
-As root (these machines, CI) each program runs as a private unprivileged uid in new network and
-mount namespaces, so a fork bomb is capped by RLIMIT_NPROC and nothing can signal the trainer or
-write to the host; the attack tests skip elsewhere rather than fork-bomb a developer's account.
+As root (these machines, CI) each program runs as a private unprivileged uid in its own namespaces
+and minimal root (sandbox.py), so a fork bomb is capped by RLIMIT_NPROC and nothing can signal the
+trainer or write to the host; the attack tests skip elsewhere rather than fork-bomb a developer's
+account. tests/test_sandbox_attacks.py has one or more attacks per class of issue 20.
 """
 
 import json
