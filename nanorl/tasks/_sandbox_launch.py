@@ -178,7 +178,7 @@ def build_root(libc, cfg: dict, prefix: str) -> None:
     for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{new}/dev/{link}")
-    size = f"size={cfg['tmp_mb']}m,mode=1777"
+    size = f"size={cfg['tmp_mb']}m,nr_inodes=4096,mode=1777"
     for place in ("/tmp", "/dev/shm"):
         os.makedirs(new + place)
         _mount(libc, "tmpfs", new + place, "tmpfs", MS_NOSUID | MS_NODEV, size)
