@@ -1,9 +1,10 @@
 """The code sandbox against hostile programs. Every attack must score 0 (or fail its test) within the
 time limit and leave the trainer alive and the host unchanged.
 
-As root (these machines, CI) each program runs as a private unprivileged uid in new network and
-mount namespaces, so a fork bomb is capped by RLIMIT_NPROC and nothing can signal the trainer or
-write to the host; the attack tests skip elsewhere rather than fork-bomb a developer's account.
+As root (these machines, CI) each program runs as a private unprivileged uid in its own namespaces
+and minimal root (sandbox.py), so a fork bomb is capped by RLIMIT_NPROC and nothing can signal the
+trainer or write to the host; the attack tests skip elsewhere rather than fork-bomb a developer's
+account. tests/test_sandbox_attacks.py has one or more attacks per class of issue 20.
 """
 
 import json
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nanorl.tasks.code import code_reward, code_task, extract_code, score_programs
-from nanorl.tasks.sandbox import UID_BASE, Limits, run_python
+from nanorl.tasks.sandbox import UID_BASE, UID_SLOTS, Limits, run_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux only")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="attack tests need root (private uid isolation)")
@@ -36,7 +37,7 @@ def _sandbox_procs() -> list[int]:
                 state = status.split("State:")[1].split()[0]
             except (OSError, IndexError):
                 continue
-            if UID_BASE <= uid < UID_BASE + 64 and state != "Z":
+            if UID_BASE <= uid < UID_BASE + UID_SLOTS and state != "Z":
                 pids.append(int(d.name))
     return pids
 

@@ -4,24 +4,39 @@
                db="company.db", query="SELECT name FROM employees WHERE salary > 90000")   # -> 1.0
     task = sql_task()                       # the built-in set: 36 questions on a small company database
 
-The database is opened read-only (`mode=ro`, `PRAGMA query_only`), an authorizer allows reads and
-functions only (no ATTACH, no PRAGMA, no writes), only one statement runs, and a progress handler
-interrupts a query after `timeout_s`. Result sets compare as multisets of rows, or as lists when the
-reference query has an ORDER BY; floats compare to 6 decimals. Anything that fails scores 0.
+Every query runs in a process of its own (`_sql_worker.py`), never in the trainer: with an address
+space limit (`memory_mb`, and SQLite's heap capped below it), a CPU limit, and a wall clock the
+trainer enforces by killing the process `KILL_GRACE_S` after `timeout_s` (inside, a progress handler
+interrupts the query at `timeout_s`). The database is opened read-only (`mode=ro`, `PRAGMA query_only`),
+an authorizer allows reads and functions only (no ATTACH, no PRAGMA, no writes), and only one
+statement runs. The result comes back as tagged plain data, at most `max_rows` rows and `MAX_BYTES`,
+and is parsed defensively: anything malformed, too large, slow or failing scores 0 (malformed output
+is counted in STATS). Result sets compare as multisets of rows, or as lists when the reference query
+has an ORDER BY; floats compare to 6 decimals. Reference results are computed once per database file.
+`sql_reward.batch` runs a batch's queries in parallel across cores.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import sqlite3
-import time
+import subprocess
+import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nanorl.tasks.code import Malformed, decode
+
 DATA = Path(__file__).with_name("data")
+WORKER = Path(__file__).with_name("_sql_worker.py")
 _FENCE = re.compile(r"```(?:sql|SQL|sqlite)?[ \t]*\n(.*?)(?:```|$)", re.S)
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+MEMORY_MB, MAX_BYTES, KILL_GRACE_S = 256, 2_000_000, 1.0
+SQL_TAGS = ("i", "f", "s", "y", "n")  # SQLite's values: integer, real, text, blob, null
+STATS = Counter()  # queries, malformed (worker output that did not parse), killed (past the wall clock)
 
 
 def extract_sql(completion: str) -> str:
@@ -29,24 +44,62 @@ def extract_sql(completion: str) -> str:
     return (m.group(1) if m else completion).strip().rstrip(";").strip()
 
 
-def run_query(db: str | Path, sql: str, timeout_s: float = 2.0, max_rows: int = 10_000):
-    """-> (rows, None) or (None, error message). Never writes to `db`, never runs past timeout_s."""
+def parse_rows(out: str, max_rows: int):
+    """The worker's line -> (rows, None) or (None, error); Malformed if it is not what the worker prints."""
+    try:
+        reply = json.loads(out)
+    except (ValueError, RecursionError):
+        raise Malformed("not JSON") from None
+    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
+        return None, reply["error"]
+    rows = reply.get("rows") if isinstance(reply, dict) else None
+    if not isinstance(rows, list) or len(rows) > max_rows or not all(isinstance(r, list) for r in rows):
+        raise Malformed("no rows")
+    if not all(isinstance(v, list) and v and v[0] in SQL_TAGS for row in rows for v in row):
+        raise Malformed("not an SQL value")
+    budget = [max_rows * 64 + 1]
+    return [tuple(decode(["t", row], budget=budget)) for row in rows], None
+
+
+def run_query(db: str | Path, sql: str, timeout_s: float = 2.0, max_rows: int = 10_000, memory_mb: int = MEMORY_MB):
+    """-> (rows, None) or (None, error message). Runs in its own process; never writes to `db`, never runs
+    past timeout_s + KILL_GRACE_S, never uses more than memory_mb."""
     if not Path(db).is_file():
         raise FileNotFoundError(f"SQL task database not found: {db}")
-    conn = sqlite3.connect(f"file:{Path(db).resolve()}?mode=ro", uri=True)
+    STATS["queries"] += 1
+    req = {"uri": Path(db).resolve().as_uri(), "sql": sql, "timeout_s": timeout_s, "max_rows": max_rows,
+           "memory_mb": memory_mb, "max_bytes": MAX_BYTES}
     try:
-        conn.execute("PRAGMA query_only = ON")
-        conn.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY)
-        deadline = time.monotonic() + timeout_s
-        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-        rows = conn.execute(sql).fetchmany(max_rows + 1)
-        if len(rows) > max_rows:
-            return None, f"more than {max_rows} rows"
-        return rows, None
-    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as e:
-        return None, f"{type(e).__name__}: {e}"
-    finally:
-        conn.close()
+        done = subprocess.run([sys.executable, "-I", "-S", str(WORKER)], input=json.dumps(req), capture_output=True,
+                              text=True, timeout=timeout_s + KILL_GRACE_S, env={}, cwd="/")
+    except subprocess.TimeoutExpired:  # run() has killed it
+        STATS["killed"] += 1
+        return None, f"timeout: killed after {timeout_s + KILL_GRACE_S:.1f} s"
+    if done.returncode != 0:
+        return None, f"the query's process ended with {done.returncode}: {done.stderr[-300:]}"
+    try:
+        return parse_rows(done.stdout[:MAX_BYTES + 100], max_rows)
+    except (Malformed, RecursionError, MemoryError) as e:
+        STATS["malformed"] += 1
+        return None, f"malformed result: {e}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _reference(db: str, mtime_ns: int, query: str):
+    rows, err = run_query(db, query, timeout_s=30)
+    if err:
+        from nanorl.tasks import RewardSetupError
+
+        raise RewardSetupError(f"the reference query failed on {db}: {err}: {query}")
+    return rows
+
+
+def reference_rows(db: str | Path, query: str):
+    """The reference query's rows, computed once per (database file as it is now, query)."""
+    path = Path(db).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"SQL task database not found: {db}")
+    return _reference(str(path), os.stat(path).st_mtime_ns, query)
 
 
 def _normal(rows) -> list[tuple]:
@@ -60,12 +113,22 @@ def same_result(got, expected, ordered: bool) -> bool:
 
 def sql_reward(prompt, completion: str, db: str, query: str, timeout_s: float = 2.0, **_) -> float:
     """1.0 when the completion's query returns the reference query's result set, else 0.0."""
-    expected, err = run_query(db, query, timeout_s=30)
-    if err:
-        raise ValueError(f"the reference query failed on {db}: {err}: {query}")
+    expected = reference_rows(db, query)
     got, err = run_query(db, extract_sql(completion), timeout_s)
     ordered = re.search(r"\border\s+by\b", query, re.I) is not None
-    return float(err is None and same_result(got, expected, ordered))
+    try:
+        return float(err is None and same_result(got, expected, ordered))
+    except (TypeError, ValueError, OverflowError):  # rows that do not compare (e.g. unhashable): not equal
+        return 0.0
+
+
+def _batch(prompts, completions, fields: list[dict], *_, **__) -> list[float]:
+    workers = max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda p, c, f: sql_reward(p, c, **f), prompts, completions, fields))
+
+
+sql_reward.batch = _batch
 
 
 def build_db(path: Path) -> Path:
