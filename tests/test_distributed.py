@@ -17,19 +17,25 @@ REWARD = '''
 def digits(completions, **kw):  # a reward the tiny random model's samples differ on: a learning signal
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 '''
-CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss, batch whitening, filtered overlong
-    "grpo": [],
-    "offpolicy": ["--algo", "reinforce_pp", "--minibatch-size", "16", "--epochs", "2", "--kl-coef", "0.05",
-                  "--overlong", "filter", "--max-new-tokens", "12"],
+GRPO = ["train", "--steps", "3", "--lr", "3e-3", "--reward", "r.py:digits"]
+CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss, batch whitening, filtered overlong;
+    # DPO on 30 pairs (24 trained: 3 steps of 8 rows, 3 per rank and micro-batch, so ranks hold 4 rows each)
+    "grpo": GRPO,
+    "offpolicy": GRPO + ["--algo", "reinforce_pp", "--minibatch-size", "16", "--epochs", "2", "--kl-coef", "0.05",
+                         "--overlong", "filter", "--max-new-tokens", "12"],
+    "dpo": ["dpo", "--data", "pairs.jsonl", "--batch-size", "8", "--micro-batch-size", "3", "--lr", "1e-3",
+            "--eval-every", "2", "--max-new-tokens", "8"],
 }
 
 
 def run(tmp_path, name: str, args: list[str], procs: int) -> subprocess.CompletedProcess:
     (tmp_path / "r.py").write_text(REWARD)
+    (tmp_path / "pairs.jsonl").write_text("".join(
+        json.dumps({"prompt": f"{a} + {b} =", "chosen": f" {a + b}", "rejected": f" {a * b + 1}"}) + "\n"
+        for a in range(5) for b in range(6)))
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)] if procs > 1 else [sys.executable]
-    cmd = launch + ["-m", "nanorl.cli", "train", "--model", "tiny", "--steps", "3", "--eval-size", "10", "--lr", "3e-3",
-                    "--reward", f"{tmp_path / 'r.py'}:digits", "--out-dir", str(tmp_path / name), "--report-to", "none",
-                    *args]
+    cmd = launch + ["-m", "nanorl.cli", *args, "--model", "tiny", "--eval-size", "10", "--out-dir", str(tmp_path / name),
+                    "--report-to", "none"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -50,12 +56,12 @@ def test_two_processes_train_as_one(tmp_path, case):
         torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=1e-6, msg=k)
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["step"] for m in m2] == [1, 2, 3]  # one line per step: only the main process writes
-    assert m1[0]["optim/grad_norm"] > 0 and m1[0]["reward/frac_groups_with_variance"] > 0  # it trained
+    assert m1[0]["optim/grad_norm"] > 0  # it trained
     for a, b in zip(m1, m2):
         assert a.keys() == b.keys()
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), k
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "r.py", "two"]  # one run folder each
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "pairs.jsonl", "r.py", "two"]  # one run folder each
 
 
 @pytest.mark.parametrize("args, message", [
