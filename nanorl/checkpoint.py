@@ -6,12 +6,14 @@ folder's safety: one run per folder, and a stop on SIGINT / SIGTERM that writes 
     out_dir/model/                the final model
     lock(out_dir)                 a second run on the folder is refused while this process lives
     for step in stoppable(range(...), save): ...   # a signal ends the step, saves, raises Interrupted
+    resuming = check_resume(cfg, out_dir / "checkpoint")  # --resume checked; a new run drops an old checkpoint
 Writes go to a temporary folder that is renamed into place, so an interrupt never leaves a broken one.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -21,12 +23,8 @@ from pathlib import Path
 
 import torch
 
+from nanorl.config import ConfigError, to_dict
 from nanorl.integrations import distributed
-
-
-def exists(path: Path) -> bool:
-    """Whether `path` holds a resumable checkpoint (one with trainer state)."""
-    return (Path(path) / "trainer_state.pt").is_file()
 
 
 def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None,
@@ -90,6 +88,38 @@ def load_state(path: Path, opt, sched) -> dict:
     return state
 
 
+# keys a resumed run may change: where it stops and what it reports, not what it computes
+RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_last", "eval_every", "report_to", "max_bad_steps", "device", "backend"}
+
+
+def check_resume(cfg, ckpt: Path) -> bool:
+    """Whether the run resumes from `ckpt` (then cfg.resume is true). --resume without a checkpoint, or with a
+    config that differs from the stopped run's in a key that changes what is computed, is an error; a new run
+    into a folder that holds an old checkpoint removes it, so that no later resume picks it up."""
+    saved = ckpt.parent / "config.json"
+    if cfg.resume:
+        if not (ckpt / "trainer_state.pt").is_file():  # a resumable checkpoint: one with trainer state
+            raise ConfigError(f"config key 'resume': no checkpoint to resume from in {ckpt} (write one with "
+                              f"save_every, or start a new run without --resume)")
+        old = json.loads(saved.read_text()) if saved.is_file() else {}
+        changed = sorted(k for k, v in to_dict(cfg).items() if k in old and old[k] != v and k not in RESUMABLE_CHANGES)
+        if changed:
+            raise ConfigError(f"config keys {changed}: differ from the run being resumed ({saved}); resume with the "
+                              f"same values or start a new run in another out_dir")
+        return True
+    if distributed.is_main():
+        for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*")):
+            if old.is_dir():
+                shutil.rmtree(old)  # a new run: an old checkpoint in this folder is no longer this run's
+    return False
+
+
+def first_eval(resuming: bool, out: Path, evaluate_now) -> dict:
+    """The "before" numbers: the first evaluation of the run (read back from eval.jsonl on resume)."""
+    prior = (out / "eval.jsonl").read_text().splitlines() if resuming else []
+    return {k: v for k, v in json.loads(prior[0]).items() if k != "step"} if prior else evaluate_now()
+
+
 HELD: dict[Path, list[int]] = {}  # run folders this process holds the lock of -> their open lock files
 
 
@@ -105,8 +135,6 @@ def lock(out: Path) -> None:
     except OSError:
         holder = os.read(fd, 32).decode() or "?"
         os.close(fd)
-        from nanorl.config import ConfigError
-
         raise ConfigError(f"config key 'out_dir': {out} is in use by another nanorl run (pid {holder}); "
                           f"wait for it to finish or use another out_dir") from None
     os.ftruncate(fd, 0)

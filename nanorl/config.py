@@ -36,12 +36,15 @@ class ModelConfig:
 
 @dataclass
 class RunConfig(ModelConfig):
-    """The fields every trainer has: where it writes and its seed."""
+    """The fields every trainer has: where it writes, its seed, its checkpoints."""
 
     out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     report_to: str = _f("console", "besides the run folder's JSONL files: console (a line per step), tensorboard, wandb; comma-separated, or none")
     max_bad_steps: int = _f(3, "stop after this many steps in a row whose updates were skipped for a NaN/inf gradient (0 = never)")
+    save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = none; the final model is saved anyway); SIGINT / SIGTERM also write one")
+    keep_last: int = _f(1, "checkpoints kept: the latest in checkpoint/, older ones as checkpoint-step<N>/")
+    resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
     lora_r: int = _f(0, "LoRA rank: train peft adapters only (0 = full fine-tuning); --model may also be an adapter folder")
     lora_alpha: float = _f(32.0, "LoRA scale alpha (the update is alpha / r * B A)")
     lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
@@ -109,12 +112,9 @@ class OnlineConfig(RunConfig, TaskConfig):
     epochs: int = _f(1, "passes over each rollout batch")
     minibatch_size: int = _f(0, "sequences per optimizer step (0 = whole batch, fully on-policy)")
     micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation; no effect on the math)")
-    # --- eval, logging, checkpoints
+    # --- eval and logging
     eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
-    save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = only at the end); SIGINT / SIGTERM also write one")
-    keep_last: int = _f(1, "checkpoints kept: the latest in checkpoint/, older ones as checkpoint-step<N>/")
-    resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
 
 
 @dataclass

@@ -5,16 +5,19 @@
     nanorl dpo --model tiny --epochs 1           # smoke run
 
 The reference model is the starting model, so its log-probs are computed once, before the first
-update, and cached: no second copy of the model is ever held in memory. A pair's chosen and
+update, and cached: no second copy of the model is ever held in memory. Checkpoints keep them, so a
+resumed run (--resume) still compares with the starting model. A pair's chosen and
 rejected replies share one prompt forward (`data.Batch` stores each distinct prompt once).
 Deviations: none of substance; IPO uses summed (not length-averaged) log-ratios like the DPO loss.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from nanorl.config import DPOConfig
+from nanorl.config import ConfigError, DPOConfig
 from nanorl.data import chunks, collate
 from nanorl.losses import dpo_loss
 from nanorl.logprobs import AUTO, sequence_logprobs
@@ -47,18 +50,22 @@ def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from P
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
-    # the reference log-probs: the starting model's, computed once and cached with each row
-    for rows in (train_rows, eval_rows):
-        for r, ref in zip(rows, pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size, backend)):
-            r["ref"] = ref  # (2,) chosen, rejected
+    # the reference log-probs: the starting model's, computed once and cached with each row. A resumed run's
+    # weights are no longer the starting model's: it reads them back from its checkpoint, in the same row order
+    refs = (torch.load(Path(cfg.out_dir, "checkpoint", "trainer_state.pt"), weights_only=False, mmap=True)["ref"]
+            if cfg.resume else torch.cat([pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size, backend)
+                                          for rows in (train_rows, eval_rows)]))  # (n, 2) chosen, rejected
+    if len(refs) != len(train_rows) + len(eval_rows):  # rows encode in one order from the data and the seed
+        raise ConfigError(f"config key 'data': {len(train_rows) + len(eval_rows)} rows, the stopped run had {len(refs)}")
+    for r, ref in zip(train_rows + eval_rows, refs):
+        r["ref"] = ref
     print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out pairs from {cfg.data}; "
           f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
 
     def micro_loss(rows):
-        b = len(rows)
-        logp, _ = sequence_logprobs(policy, pair_batch(rows, pad, device), backend=backend)  # (2b,)
+        chosen, rejected = sequence_logprobs(policy, pair_batch(rows, pad, device), backend=backend)[0].view(2, -1)
         ref = torch.stack([r["ref"] for r in rows]).to(device)  # (b, 2)
-        loss, st = dpo_loss(logp[:b], logp[b:], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
+        loss, st = dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
         return loss.sum(), {k: v.sum().item() for k, v in st.items()}
 
     def run_eval() -> dict:
@@ -72,4 +79,5 @@ def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from P
                 "eval/logp_pref_acc": (logp[:, 0] > logp[:, 1]).float().mean().item()}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, logger, "dpo", task=task, backend=backend)
+    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, logger, "dpo", task=task, backend=backend,
+               state={"ref": refs})

@@ -1,10 +1,13 @@
-"""The loop shared by the offline trainers (DPO, SFT, reward model): epochs -> batches -> micro-batches.
+"""The loop shared by the offline trainers (DPO, SFT, reward model): optimizer steps -> micro-batches.
 
 Each trainer supplies `micro_loss(rows) -> (summed loss, summed stats)` over a few rows and
 `run_eval() -> held-out metrics`; the loop divides by a count of the whole batch (rows, or tokens for
 SFT), so the gradient is the same for any micro_batch_size, steps the optimizer, logs, evaluates
-(adding a task's greedy accuracy for DPO and SFT), and saves the final model. Stats are reported as
-means per row.
+(adding a task's greedy accuracy for DPO and SFT), checkpoints, and saves the final model. Stats are
+reported as means per row. The steps are one flat range over (epoch, batch): a step's rows follow from
+the step alone (epoch = step // batches per epoch, each epoch's shuffle seeded by it), so a run resumed
+from its checkpoint (--resume) continues exactly where it stopped, and SIGINT / SIGTERM stop it cleanly
+(checkpoint.stoppable).
 """
 
 from __future__ import annotations
@@ -34,19 +37,21 @@ from nanorl.seeds import derive_seed
 
 
 def setup(cfg: OfflineConfig, name: str, load=load_model):
-    """Validate, seed, load the model on its device, open the run folder. -> model, tok, device, backend, logger."""
+    """Validate, seed, open the run folder, load the model on its device: `load(cfg.model)`, or with cfg.resume
+    the weights of out_dir/checkpoint, which check_resume has found. -> model, tok, device, backend, logger."""
     validate(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
-    checkpoint.lock(Path(cfg.out_dir))  # one run per folder
-    model, tok = load(cfg.model, device, dtype)
+    out, ckpt = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
+    checkpoint.lock(out)  # one run per folder, before anything in it is read or removed
+    resuming = checkpoint.check_resume(cfg, ckpt)  # refuses a resume that cannot continue this run
+    model, tok = load(str(ckpt) if resuming else cfg.model, device, dtype)  # a LoRA checkpoint: base + adapter
     # LoRA when cfg.lora_r > 0; eval mode, no dropout: the reference pass and the update see the same function
     model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS").eval()
-    out = Path(cfg.out_dir)
-    logger = make_logger(out, cfg.report_to, config=cfg)
+    logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
     if distributed.is_main():
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
@@ -54,12 +59,17 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
 
 
 def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger, name: str,
-        normaliser=len, task=None, backend: Backend = AUTO) -> dict:
+        normaliser=len, task=None, backend: Backend = AUTO, state: dict | None = None) -> dict:
     """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens. With a
-    `task` (DPO, SFT) each evaluation also measures the greedy accuracy on its held-out prompts."""
-    t_start = time.perf_counter()
-    total = cfg.epochs * -(-len(rows) // cfg.batch_size)  # optimizer steps: a partial last batch is one too
+    `task` (DPO, SFT) each evaluation also measures the greedy accuracy on its held-out prompts. `state`: the
+    trainer's own, saved in every checkpoint beside the optimizer's (DPO: the reference log-probs)."""
+    # ------------------------------------------------------------------ optimizer, resume, first eval
+    t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
+    per_epoch = -(-len(rows) // cfg.batch_size)  # optimizer steps per epoch: a partial last batch is one too
+    total = cfg.epochs * per_epoch
     opt, sched = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
+    start = checkpoint.load_state(ckpt, opt, sched)["step"] if cfg.resume else 0  # setup checked it exists
+    logger.rewind(start)  # lines a stopped run wrote after its checkpoint are redone below
 
     def evaluate_and_log(step: int) -> dict:  # the trainer's held-out metrics, then the task's accuracy
         metrics = run_eval()
@@ -68,43 +78,48 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             acc, _ = evaluate(sampler, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
             metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
         logger.log_eval(metrics, step)
-        print(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
-    first = last = evaluate_and_log(0)
-    bar = tqdm(total=total, desc=name, dynamic_ncols=True, disable=None)
-    step = bad_steps = 0
-    for epoch in range(cfg.epochs):
-        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, epoch, "offline"))
-        order = torch.randperm(len(rows), generator=shuffle).tolist()
-        for start in range(0, len(rows), cfg.batch_size):
-            # ---------------------------------------------------------- forward / backward
-            t0 = time.perf_counter()
-            batch = [rows[i] for i in order[start:start + cfg.batch_size]]
-            sums: dict = {}
-            norm = normaliser(batch)  # a count over the whole batch: micro-batching is invisible
-            for part in chunks(batch, cfg.micro_batch_size):
-                loss, stats = micro_loss(part)
-                (loss / norm).backward()
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                sums["loss"] = sums.get("loss", 0.0) + loss.item() * len(batch) / norm  # reported per row
-            grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
-            step += 1
-            # ---------------------------------------------------------- log / eval
-            metrics = {"epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
-                       "optim/grad_norm": grad_norm, "optim/skipped_updates": int(not math.isfinite(grad_norm)),
-                       "optim/lr": sched.get_last_lr()[0],
-                       "time/step": time.perf_counter() - t0, "time/elapsed": time.perf_counter() - t_start}
-            if step % cfg.eval_every == 0 or step == total:
-                last = evaluate_and_log(step)
-                metrics.update(last)
-            logger.log(metrics, step)
-            bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step)
-            bar.update(1)
-            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
-    bar.close()
-    out = Path(cfg.out_dir)
+    def save(done: int) -> None:  # a resumable checkpoint after step `done`
+        checkpoint.save(ckpt, model, tok, opt, sched, done, state, keep_last=cfg.keep_last)
+
+    first = last = checkpoint.first_eval(cfg.resume, out, lambda: evaluate_and_log(0))
+    bar = tqdm(range(start, total), initial=start, total=total, desc=name, dynamic_ncols=True, disable=None)
+    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
+    for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
+        # -------------------------------------------------------------- the batch: from the step alone
+        t0 = time.perf_counter()
+        epoch, i = divmod(step, per_epoch)
+        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, epoch, "offline"))  # one order per epoch
+        order = torch.randperm(len(rows), generator=shuffle)[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+        batch = [rows[j] for j in order.tolist()]
+
+        # -------------------------------------------------------------- forward / backward
+        sums: dict = {}
+        norm = normaliser(batch)  # a count over the whole batch: micro-batching is invisible
+        for part in chunks(batch, cfg.micro_batch_size):
+            loss, stats = micro_loss(part)
+            (loss / norm).backward()
+            for k, v in {**stats, "loss": loss.item() * len(batch) / norm}.items():  # the loss reported per row
+                sums[k] = sums.get(k, 0.0) + float(v)
+        grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
+
+        # -------------------------------------------------------------- log / eval / checkpoint
+        metrics = {"epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
+                   "optim/grad_norm": grad_norm, "optim/skipped_updates": int(not math.isfinite(grad_norm)),
+                   "optim/lr": sched.get_last_lr()[0], "time/step": time.perf_counter() - t0,
+                   "time/elapsed": time.perf_counter() - t_start}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
+            last = evaluate_and_log(step + 1)
+            metrics.update(last)
+        logger.log(metrics, step + 1)
+        bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
+        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:  # the final model: below
+            save(step + 1)
+
+    # ------------------------------------------------------------------ finish
     checkpoint.save_final(out / "model", model, tok, cfg.merge_lora)
     wall = time.perf_counter() - t_start
     result = {"steps": total, "wall_s": wall, "before": first, "after": last}

@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import json
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 from nanorl import checkpoint
 from nanorl.integrations import distributed
 from nanorl.backends import Backend, select_backend
+from nanorl.checkpoint import check_resume, first_eval  # noqa: F401 (grpo.py, ppo.py import first_eval here)
 from nanorl.config import ConfigError, OnlineConfig, to_dict, validate
 from nanorl.data import chunks, encode_reply, render_prompt
 from nanorl.evaluate import evaluate
@@ -80,33 +80,6 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     cfg = dataclasses.replace(cfg, **used)
     checkpoint.lock(ckpt.parent)  # one run per folder, before anything in it is read or removed
     return cfg, device, backend, dtype, task, check_resume(cfg, ckpt)
-
-
-# keys a resumed run may change: where it stops and what it reports, not what it computes
-RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_last", "eval_every", "report_to", "max_bad_steps", "device",
-                     "backend"}
-
-
-def check_resume(cfg, ckpt: Path) -> bool:
-    """Whether the run resumes from `ckpt`. --resume without a checkpoint, or with a config that differs from
-    the stopped run's in a key that changes what is computed, is an error; a new run into a folder that holds
-    an old checkpoint removes it, so that no later resume picks it up."""
-    saved = ckpt.parent / "config.json"
-    if cfg.resume:
-        if not checkpoint.exists(ckpt):
-            raise ConfigError(f"config key 'resume': no checkpoint to resume from in {ckpt} (write one with "
-                              f"save_every, or start a new run without --resume)")
-        old = json.loads(saved.read_text()) if saved.is_file() else {}
-        changed = sorted(k for k, v in to_dict(cfg).items() if k in old and old[k] != v and k not in RESUMABLE_CHANGES)
-        if changed:
-            raise ConfigError(f"config keys {changed}: differ from the run being resumed ({saved}); resume with the "
-                              f"same values or start a new run in another out_dir")
-        return True
-    if distributed.is_main():
-        for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*")):
-            if old.is_dir():
-                shutil.rmtree(old)  # a new run: an old checkpoint in this folder is no longer this run's
-    return False
 
 
 def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, tokenizer=None):
@@ -247,12 +220,6 @@ def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, ste
     if distributed.is_main():
         tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
     return metrics
-
-
-def first_eval(resuming: bool, out: Path, evaluate_now) -> dict:
-    """The "before" numbers: the first evaluation of the run (read back from eval.jsonl on resume)."""
-    prior = (out / "eval.jsonl").read_text().splitlines() if resuming else []
-    return json.loads(prior[0]) if prior else evaluate_now()
 
 
 def progress(start: int, cfg: OnlineConfig, name: str):

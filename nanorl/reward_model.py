@@ -22,7 +22,7 @@ from nanorl.data import chunks, left_pad
 from nanorl.integrations.hub import is_sequence_classifier
 from nanorl.integrations.lora import is_adapter, load_adapter
 from nanorl.logprobs import AUTO
-from nanorl.models import load_model
+from nanorl.models import check_tokenizer, load_model
 from nanorl.offline import fit, setup
 from nanorl.tasks.preferences import encode_rows, read_pairs
 
@@ -37,8 +37,7 @@ def load_reward_model(name: str, device, dtype=torch.float32):
         return load_adapter(name, device, dtype, load_base=load_reward_model)
     if is_sequence_classifier(name):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
-        tok = AutoTokenizer.from_pretrained(name)
-        tok.pad_token = tok.pad_token or tok.eos_token
+        tok = check_tokenizer(AutoTokenizer.from_pretrained(name), name)  # a pad token: the EOS one if none
         if not hasattr(model, "score"):
             raise ValueError(f"reward model {name}: expected a decoder-style classifier with a `score` head "
                              f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}")
@@ -97,20 +96,18 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
 
-    def scores(rows):  # (b,), (b,) rewards of chosen and rejected
+    def margins(rows):  # (b,) reward of the chosen reply minus that of the rejected one
         r = rm_scores(model, [x["prompt"] for x in rows] * 2, [x["chosen"] for x in rows] +
                       [x["rejected"] for x in rows], pad, device, backend)
-        return r[:len(rows)], r[len(rows):]
+        return r[:len(rows)] - r[len(rows):]
 
     def micro_loss(rows):
-        r_w, r_l = scores(rows)
-        margin = r_w - r_l
+        margin = margins(rows)
         return -F.logsigmoid(margin).sum(), {"acc": (margin > 0).sum().item(), "margin": margin.sum().item()}
 
     @torch.no_grad()
     def run_eval() -> dict:
-        parts = [scores(part) for part in chunks(eval_rows, cfg.micro_batch_size)]
-        margin = torch.cat([w - l for w, l in parts])
+        margin = torch.cat([margins(part) for part in chunks(eval_rows, cfg.micro_batch_size)])
         return {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
                 "eval/margin": margin.mean().item()}
 

@@ -48,11 +48,8 @@ def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from P
 
     @torch.no_grad()
     def run_eval() -> dict:
-        nll, n = 0.0, 0
-        for part in chunks(eval_rows, cfg.micro_batch_size):
-            part_nll, part_n = reply_nll(model, part, pad, device, backend)
-            nll, n = nll + part_nll.item(), n + part_n
-        return {"eval/nll_per_token": nll / n}
+        parts = [reply_nll(model, part, pad, device, backend) for part in chunks(eval_rows, cfg.micro_batch_size)]
+        return {"eval/nll_per_token": sum(nll.item() for nll, _ in parts) / sum(n for _, n in parts)}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "sft",
