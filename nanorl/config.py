@@ -50,6 +50,7 @@ class RunConfig(ModelConfig):
     lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
     lora_target: str = _f("all-linear", "LoRA target modules: all-linear (attention and MLP projections) or names, e.g. 'q_proj,v_proj'")
     merge_lora: bool = _f(True, "LoRA: save the final model/ merged (loads without peft) rather than as the adapter alone")
+    grad_checkpointing: bool = _f(False, "recompute each decoder layer's activations in the update's backward: less memory, about a third more compute")
 
 
 @dataclass

@@ -62,7 +62,8 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
             inputs = target[:, :-1]  # (b, C - 1)
             cpos = ppos[idx, -1:] + 1 + torch.arange(C - 1, device=idx.device)  # (b, C - 1)
             attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
-            out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
+            with backend.recompute(model, cache):  # grad_checkpointing: layers run again in the backward
+                out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
             rest = selected_logprobs(out.logits.flatten(0, 1), target[:, 1:].flatten(), temperature, with_entropy)
             logp.append(rest[0].view(-1, C - 1)), entropy.append(rest[1].view(-1, C - 1))
         return torch.cat(logp, 1), torch.cat(entropy, 1) if with_entropy else None  # (b, C) each

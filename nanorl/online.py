@@ -61,7 +61,7 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     reward functions or a model given from Python are recorded in the config (config.json) by name."""
     validate(cfg)
     device = distributed.init(resolve_device(cfg.device), cfg)  # under torchrun: join the process group
-    backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing)
     backend.prepare(device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -4,6 +4,7 @@
     with backend.forward(model): ...                   # every forward of the loops (token_logprobs, the critic)
     with backend.forward(model, pack_weights=True) as packed:
         step = backend.decoder(model, packed, cache, mask, n, max_new_tokens)   # None: the model's own forward
+    with backend.recompute(model, cache): ...          # gradient checkpointing of the update's completion pass
     backend.prepare(device)                            # once per training process: the allocator policy
 
 `auto` takes every speed-up that applies: on CPU in fp32 the oneDNN paths of cpu.py, the sampler's decode
@@ -46,10 +47,12 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype, tor
 
 @dataclass(frozen=True)
 class Backend:
-    """How forwards run: `name` auto | torch (see the module's docstring), `autocast` a dtype or None."""
+    """How forwards run: `name` auto | torch (see the module's docstring), `autocast` a dtype or None, `checkpoint`
+    whether the update recomputes activations in its backward (config key grad_checkpointing)."""
 
     name: str = "auto"
     autocast: torch.dtype | None = None
+    checkpoint: bool = False
 
     @property
     def fast(self) -> bool:
@@ -63,13 +66,43 @@ class Backend:
         if self.autocast is not None:
             with torch.autocast(next(model.parameters()).device.type, dtype=self.autocast):
                 yield {}
-        elif self.fast:
+        elif self.fast and not (self.checkpoint and torch.is_grad_enabled()):  # a recomputed layer runs as it first ran
             from nanorl.backends.cpu import fast_cpu
 
             with fast_cpu(model, pack_weights) as packed:
                 yield packed
         else:
             yield {}
+
+    @contextmanager
+    def recompute(self, model, cache):
+        """Gradient checkpointing of a forward with gradients that appends to the prompt's KV `cache` (the update's
+        completion pass, logprobs.token_logprobs): each decoder layer keeps only its inputs and runs again in the
+        backward (torch.utils.checkpoint, non-reentrant). The pass appends to the cache, so afterwards the cache is
+        rewound to the prompt's keys and values: a recomputed layer appends to exactly what its first run saw.
+        transformers' own gradient_checkpointing_enable() drops the cache instead, which would drop the prompt."""
+        if not (self.checkpoint and torch.is_grad_enabled()):
+            yield
+            return
+        import functools
+
+        from torch.utils.checkpoint import checkpoint
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"config key 'grad_checkpointing': {type(model).__name__} has no decoder layers "
+                             f"transformers can checkpoint (GradientCheckpointingLayer)")
+        prompt = [dict(vars(layer)) for layer in cache.layers]  # keys, values (and a sliding layer's length)
+        for layer in layers:  # an instance attribute over the class's forward, removed below
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer.forward
+            for layer, state in zip(cache.layers, prompt):
+                vars(layer).update(state)
 
     def decoder(self, model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_tokens: int):
         """The sampler's decode step for this model, or None for the model's own forward (sampling.ModelStep)."""
@@ -89,9 +122,10 @@ class Backend:
             reuse_freed_memory(device)
 
 
-def select_backend(name: str, dtype: str, device: torch.device) -> tuple[Backend, torch.dtype]:
-    """Config keys `backend` and `dtype` on `device` -> (the Backend, the dtype the weights are loaded in)."""
+def select_backend(name: str, dtype: str, device: torch.device, checkpoint: bool = False) -> tuple[Backend, torch.dtype]:
+    """Config keys `backend`, `dtype` and `grad_checkpointing` on `device` -> (the Backend, the dtype the weights
+    are loaded in)."""
     if name not in CHOICES:
         raise ValueError(f"config key 'backend': expected {'|'.join(CHOICES)}, got {name!r}")
     weights, autocast = resolve_precision(dtype, device)
-    return Backend(name, autocast), weights
+    return Backend(name, autocast, checkpoint), weights
