@@ -40,7 +40,7 @@ from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty
 from nanorl.models import stop_token_ids
-from nanorl.online import (check_context, describe, due, finish, first_eval, informative_groups, load_models, postfix,
+from nanorl.online import (check_context, describe, due, finish, informative_groups, load_models,
                            prepare, progress, prompt_order, reward_metrics, rollout_and_score, rollout_metrics,
                            run_eval, sample_records, time_metrics)
 from nanorl.sampling import LocalSampler
@@ -107,7 +107,7 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     start = checkpoint.load_state(ckpt, opt, sched)["step"] if resuming else 0
     if resuming:
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
-    first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    first = last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, cfg.algo)
 
@@ -193,7 +193,6 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             metrics.update(last)
         logger.log(metrics, step + 1)
         bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
-        bar.set_postfix(postfix(metrics))
         if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
             save(step + 1)
 

@@ -42,8 +42,8 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     validate(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
+    device = distributed.init(resolve_device(cfg.device), cfg)  # under torchrun: join the process group
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing)
     backend.prepare(device)
     out, ckpt = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     checkpoint.lock(out)  # one run per folder, before anything in it is read or removed
@@ -54,7 +54,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
     if distributed.is_main():
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
+        print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
     return model, tok, device, backend, logger
 
 
@@ -85,7 +85,8 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
         checkpoint.save(ckpt, model, tok, opt, sched, done, state, keep_last=cfg.keep_last)
 
     first = last = checkpoint.first_eval(cfg.resume, out, lambda: evaluate_and_log(0))
-    bar = tqdm(range(start, total), initial=start, total=total, desc=name, dynamic_ncols=True, disable=None)
+    bar = tqdm(range(start, total), initial=start, total=total, desc=name, dynamic_ncols=True,
+               disable=None if distributed.is_main() else True)
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- the batch: from the step alone
@@ -97,12 +98,13 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
 
         # -------------------------------------------------------------- forward / backward
         sums: dict = {}
-        norm = normaliser(batch)  # a count over the whole batch: micro-batching is invisible
-        for part in chunks(batch, cfg.micro_batch_size):
+        norm = normaliser(batch)  # a count over the whole batch: micro-batching (and torchrun's sharding) is invisible
+        for part in chunks(batch[distributed.share(len(batch))], cfg.micro_batch_size):  # this rank's rows
             loss, stats = micro_loss(part)
             (loss / norm).backward()
             for k, v in {**stats, "loss": loss.item() * len(batch) / norm}.items():  # the loss reported per row
                 sums[k] = sums.get(k, 0.0) + float(v)
+        sums = {k: distributed.reduce(v) for k, v in sums.items()}  # every rank's rows
         grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
 
         # -------------------------------------------------------------- log / eval / checkpoint
@@ -115,7 +117,6 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             metrics.update(last)
         logger.log(metrics, step + 1)
         bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
-        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < total:  # the final model: below
             save(step + 1)
 
@@ -127,6 +128,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
         (out / "results.json").write_text(json.dumps(result, indent=2))
     logger.close()
     checkpoint.unlock(out)
+    distributed.finish()
     shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
     print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
           ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from nanorl import checkpoint
 from nanorl.integrations import distributed
 from nanorl.backends import Backend, select_backend
-from nanorl.checkpoint import check_resume, first_eval  # noqa: F401 (grpo.py, ppo.py import first_eval here)
+from nanorl.checkpoint import check_resume
 from nanorl.config import ConfigError, OnlineConfig, to_dict, validate
 from nanorl.data import chunks, encode_reply, render_prompt
 from nanorl.evaluate import evaluate
@@ -119,14 +119,12 @@ def check_context(cfg: OnlineConfig, policy, tok, task: Task) -> None:
 
 def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, backend, out: Path) -> None:
     """Write config.json and print what runs: the config, the task's size, the model and its memory."""
-    def gib(m):
-        return sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30
-
     if not distributed.is_main():
         return
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # the logger made the folder
     policy = models["policy"]
-    memory = ", ".join(f"{k} {gib(m):.2f} GiB" for k, m in models.items() if m is not None)
+    memory = ", ".join(f"{k} {sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30:.2f} GiB"
+                       for k, m in models.items() if m is not None)
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
     print(f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts; model "
           f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
@@ -145,7 +143,7 @@ def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig,
     G = cfg.samples_per_prompt
     t = time.perf_counter()
     prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
-    first = distributed.rank() * len(examples)  # each prompt's draws from its index in the global batch
+    first = distributed.rank() * len(examples)  # each prompt's draws come from its index in the global batch
     seeds = [derive_seed(seed, first + i, "prompt") for i in range(len(examples))]
     roll = sampler.generate(prompts, G, sampling_params(cfg), seeds)
     timer["rollout"] += time.perf_counter() - t
@@ -231,12 +229,6 @@ def due(step: int, every: int, total: int, at_end: bool) -> bool:
     """Whether something done every `every` steps (0 = never) happens after `step` (1-based) of `total`:
     evaluations also after the last step (at_end), checkpoints not (the final model is saved anyway)."""
     return (bool(every) and step % every == 0 and step < total) or (at_end and step == total)
-
-
-def postfix(metrics: dict) -> dict:
-    """The progress bar's short summary of a step."""
-    return {"reward": f"{metrics['reward/mean']:.2f}", "len": f"{metrics['rollout/len_mean']:.0f}",
-            "s": f"{metrics['time/step']:.1f}"}
 
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:

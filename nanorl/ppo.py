@@ -31,7 +31,7 @@ from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.losses import kl_penalty, value_loss
 from nanorl.models import stop_token_ids, trainable
-from nanorl.online import (check_context, describe, due, finish, first_eval, load_models, postfix, prepare, progress,
+from nanorl.online import (check_context, describe, due, finish, load_models, prepare, progress,
                            prompt_order, reward_metrics, rollout_and_score, rollout_metrics, run_eval, sample_records,
                            time_metrics)
 from nanorl.reward_model import load_reward_model, token_values
@@ -78,7 +78,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         critic_sched.load_state_dict(state["critic_scheduler"])
         start = state["step"]
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
-    first = last = first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    first = last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, "ppo")
 
@@ -166,7 +166,6 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
             metrics.update(last)
         logger.log(metrics, step + 1)
         bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
-        bar.set_postfix(postfix(metrics))
         if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
             save(step + 1)
 
