@@ -9,7 +9,8 @@
 # speed of a step does not depend on the weights, except that a random model never samples its stop
 # token, so every completion runs to the token cap (the same for every part of the benchmark).
 # Results: OUT/8x8x32 and OUT/32x8x256 (speed.json and table.md each), OUT/tests.txt, OUT/lora (LoRA against full
-# fine-tuning: peak GPU memory and step time, SmolLM2-135M and a random Qwen2.5-1.5B-shaped model).
+# fine-tuning, each with and without gradient checkpointing: peak GPU memory and step time, SmolLM2-135M and a
+# random Qwen2.5-1.5B-shaped model). Data parallel needs two GPUs (nccl takes one device per process): not here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-smollm2-135m}
@@ -35,4 +36,5 @@ python3 benchmarks/speed.py --device cuda --model "$model" --micro-batch-size 64
 python3 benchmarks/speed.py --device cuda --model "$model" --micro-batch-size 256 --out "$out/32x8x256" \
   --parts roofline,generate,nanorl,trl \
   --prompts 32 --samples 8 --new-tokens 256
-python3 benchmarks/lora_memory.py --device cuda --reps 2 --out "$out/lora"
+python3 benchmarks/lora_memory.py --device cuda --reps 2 --modes lora,lora+ckpt,full,full+ckpt --micro 64 \
+  --out "$out/lora"  # with and without gradient checkpointing

@@ -76,13 +76,19 @@ def share(n: int) -> slice:
     return slice(rank() * n // world_size(), (rank() + 1) * n // world_size())
 
 
+def _comm_device() -> torch.device:
+    """Where collectives' tensors must live: the rank's GPU under nccl, the CPU under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def gather(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's x (equal shapes, on the CPU) concatenated along dim 0 in rank order: the global batch."""
+    """Every rank's x (equal shapes) concatenated along dim 0 in rank order: the global batch, on x's device."""
     if world_size() == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
+    y = x.contiguous().to(_comm_device())
+    parts = [torch.empty_like(y) for _ in range(world_size())]
+    dist.all_gather(parts, y)
+    return torch.cat(parts).to(x.device)
 
 
 def gather_objects(items: list) -> list:
@@ -98,7 +104,7 @@ def reduce(value: float, op: str = "sum") -> float:
     """A number summed (or op = "min" / "max") over ranks."""
     if world_size() == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t, {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return int(t.item()) if isinstance(value, int) else t.item()
 
