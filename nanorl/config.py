@@ -262,11 +262,9 @@ def _convert(key: str, typ, value):
     if isinstance(value, str) and typ is not str:
         text = value.strip()
         if typ is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+            if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+            return text.lower() in ("1", "true", "yes", "on")
         try:
             return typ(float(text)) if typ is int and "e" in text.lower() else typ(text)
         except ValueError:

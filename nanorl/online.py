@@ -215,7 +215,6 @@ def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, ste
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    if distributed.is_main():
         tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
     return metrics
 

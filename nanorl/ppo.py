@@ -27,6 +27,7 @@ from nanorl import checkpoint
 from nanorl.advantages import gae, whiten
 from nanorl.config import ConfigError, PPOConfig
 from nanorl.data import chunks, right_pad
+from nanorl.integrations import distributed
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.losses import kl_penalty, value_loss
@@ -89,33 +90,34 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)]
+        order = prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)
+        examples = [task.train[i] for i in order[distributed.share(len(order))]]  # this rank's share (torchrun)
         seed = derive_seed(cfg.seed, step, "rollout")
         roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
                                                         backend, step)  # (N,)
         t2 = time.perf_counter()
 
         # -------------------------------------------------------------- values, KL, per-token rewards
-        C = max(len(c) for c in roll.completion_ids)
-        mask = right_pad([torch.ones(len(c)) for c in roll.completion_ids], C)  # (N, C)
-        sampler_logp = right_pad(roll.logprobs, C)  # (N, C) the rollout policy's log-probs
-        old_values = torch.zeros(batch, C)
+        everyone, mine = distributed.gather, distributed.share(batch)  # the global batch's rows; this rank's
+        n, C = len(roll.completion_ids), distributed.reduce(max(len(c) for c in roll.completion_ids), "max")
+        mask = right_pad([torch.ones(len(c)) for c in roll.completion_ids], C)  # (n, C) this rank's rows
+        sampler_logp = right_pad(roll.logprobs, C)  # (n, C) the rollout policy's log-probs
+        old_values = torch.zeros(n, C)
         with torch.no_grad():
-            for idx in chunks(list(range(batch)), cfg.micro_batch_size):
+            for idx in chunks(list(range(n)), cfg.micro_batch_size):
                 v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
                                  pad_id, device, backend)  # (b, c)
                 old_values[idx, :v.shape[1]] = v.cpu()
-        ref_logp = sampler_logp  # (N, C) the reference's log-probs; without one the sampler's: a KL of 0
-        if ref is not None:
-            ref_logp = right_pad(learner_logprobs(ref, roll, cfg, pad_id, device, backend), C)
-        kl = kl_penalty(sampler_logp, ref_logp, cfg.kl_estimator) * mask  # (N, C), 0 without a reference
+        ref_logp = (right_pad(learner_logprobs(ref, roll, cfg, pad_id, device, backend), C) if ref is not None
+                    else sampler_logp)  # (n, C) the reference's log-probs; without one the sampler's: a KL of 0
+        kl = kl_penalty(sampler_logp, ref_logp, cfg.kl_estimator) * mask  # (n, C), 0 without a reference
         token_rewards = -cfg.kl_coef * kl
-        last_token = mask.sum(-1).long() - 1  # (N,) index of each completion's last token
-        token_rewards[torch.arange(batch), last_token] += rewards  # the sequence reward arrives at the end
+        last_token = mask.sum(-1).long() - 1  # (n,) index of each completion's last token
+        token_rewards[torch.arange(n), last_token] += rewards  # the sequence reward arrives at the end
 
         # -------------------------------------------------------------- advantage (GAE)
-        adv_raw, returns = gae(token_rewards, old_values, mask, cfg.gamma, cfg.gae_lambda)  # (N, C)
-        adv = whiten(adv_raw, mask)
+        adv_raw, returns = gae(token_rewards, old_values, mask, cfg.gamma, cfg.gae_lambda)  # (n, C) row by row
+        adv = whiten(everyone(adv_raw), everyone(mask))[mine]  # whitened over the global batch's tokens
 
         # -------------------------------------------------------------- update: actor and critic
         sums, vsums = {}, {"loss": 0.0, "clipped": 0.0}
@@ -124,13 +126,14 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         for epochs_run in range(1, cfg.epochs + 1):  # after the loop: the epochs run (target_kl may stop early)
             perm = torch.randperm(batch, generator=shuffle).tolist()
             kl_sum, kl_tokens = 0.0, 0
-            for mb in chunks(perm, mb_size):
+            for part in chunks(perm, mb_size):  # minibatches of the global batch; each rank trains the rows it holds
+                mb = [i - mine.start for i in part if mine.start <= i < mine.stop]
                 stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=False, pad_id=pad_id, device=device,
                                         backend=backend, learner_old=learner_old)
                 grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
                 merge_stats(sums, stats, grad_norm)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]
-                n_tokens = int(mask[mb].sum())  # the critic's normaliser: tokens of the whole minibatch
+                n_tokens = distributed.reduce(int(mask[mb].sum()))  # the critic's normaliser: the global minibatch's tokens
                 for idx in chunks(mb, cfg.micro_batch_size):
                     v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
                                      pad_id, device, backend)  # (b, c)
@@ -148,10 +151,13 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         t3 = time.perf_counter()
 
         # -------------------------------------------------------------- log / eval / checkpoint
-        n_mb, m = epochs_run * (batch // mb_size), mask.bool()
+        n_mb, vsums = epochs_run * (batch // mb_size), {k: distributed.reduce(v) for k, v in vsums.items()}
+        rewards, kl, old_values, returns, adv_raw, mask = map(everyone, (rewards, kl, old_values, returns, adv_raw, mask))
+        m = mask.bool()
         metrics = {
-            **reward_metrics(rewards, parts, G, task.acc_threshold), "reward/kl_penalty": kl.sum(-1).mean().item(),
-            **rollout_metrics(mask.sum(-1).long(), torch.tensor(roll.truncated)), **update_metrics(sums, n_mb),
+            **reward_metrics(rewards, {k: everyone(v) for k, v in parts.items()}, G, task.acc_threshold),
+            "reward/kl_penalty": kl.sum(-1).mean().item(),
+            **rollout_metrics(mask.sum(-1).long(), everyone(torch.tensor(roll.truncated))), **update_metrics(sums, n_mb),
             "optim/lr": sched.get_last_lr()[0],
             "value/loss": vsums["loss"] / n_mb, "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
             "value/explained_variance": explained_variance(old_values, returns, mask),

@@ -59,11 +59,8 @@ def init(device: torch.device, cfg=None) -> torch.device:
 
 def check(cfg) -> None:
     """What does not run in several processes yet, refused before any model is loaded."""
-    from nanorl.config import ConfigError, PPOConfig
+    from nanorl.config import ConfigError
 
-    if isinstance(cfg, PPOConfig):
-        raise ConfigError("nanorl ppo runs in one process for now (its GAE whitening and critic are not sharded); "
-                          "run it without torchrun")
     if getattr(cfg, "dynamic_sampling", 0):
         raise ConfigError("config key 'dynamic_sampling': not yet under torchrun (run DAPO in one process)")
     if hasattr(cfg, "prompts_per_step") and cfg.prompts_per_step % world_size():  # equal shares of each step
