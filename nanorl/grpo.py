@@ -41,8 +41,8 @@ from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty
 from nanorl.models import stop_token_ids
 from nanorl.online import (check_context, describe, due, finish, informative_groups, load_models,
-                           prepare, progress, prompt_order, reward_metrics, rollout_and_score, rollout_metrics,
-                           run_eval, sample_records, time_metrics)
+                           prepare, progress, reward_metrics, rollout_and_score, rollout_metrics, run_eval,
+                           sample_records, step_examples, time_metrics)
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
@@ -117,8 +117,7 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        order = prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)
-        examples = [task.train[i] for i in order[distributed.share(len(order))]]  # this rank's share (torchrun)
+        examples = step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
         seed = derive_seed(cfg.seed, step, "rollout")
         roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
                                                         backend, step)  # (N,)

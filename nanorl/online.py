@@ -47,6 +47,12 @@ def prompt_order(n_train: int, seed: int, step: int, count: int) -> list[int]:
     return [order(k // n_train)[k % n_train] for k in range(step * count, (step + 1) * count)]
 
 
+def step_examples(task: Task, cfg: OnlineConfig, step: int) -> list:
+    """This rank's contiguous share (under torchrun; else all) of the training prompts of `step`."""
+    order = prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)
+    return [task.train[i] for i in order[distributed.share(len(order))]]
+
+
 def sampling_params(cfg: OnlineConfig) -> SamplingParams:
     return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
 

@@ -32,9 +32,8 @@ from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.losses import kl_penalty, value_loss
 from nanorl.models import stop_token_ids, trainable
-from nanorl.online import (check_context, describe, due, finish, load_models, prepare, progress,
-                           prompt_order, reward_metrics, rollout_and_score, rollout_metrics, run_eval, sample_records,
-                           time_metrics)
+from nanorl.online import (check_context, describe, due, finish, load_models, prepare, progress, reward_metrics,
+                           rollout_and_score, rollout_metrics, run_eval, sample_records, step_examples, time_metrics)
 from nanorl.reward_model import load_reward_model, token_values
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
@@ -90,8 +89,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        order = prompt_order(len(task.train), cfg.seed, step, cfg.prompts_per_step)
-        examples = [task.train[i] for i in order[distributed.share(len(order))]]  # this rank's share (torchrun)
+        examples = step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
         seed = derive_seed(cfg.seed, step, "rollout")
         roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
                                                         backend, step)  # (N,)
