@@ -38,6 +38,8 @@ QWEN_1_5B = dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, n
                  num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                  rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
                  bos_token_id=151643, eos_token_id=151643)
+QWEN_0_5B = {**QWEN_1_5B, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14}  # Qwen2.5-0.5B's config.json: the same family, smaller
 
 
 def peak_rss_gib() -> float:
@@ -53,16 +55,17 @@ def peak_since_reset_gib() -> float:
     return int(line.split()[1]) / 2**20  # KiB
 
 
-def qwen_shaped_folder(tok_from: str) -> str:
-    """A folder with a random model of Qwen2.5-1.5B's shape and SmolLM2's tokenizer (its ids fit the vocabulary)."""
+def qwen_shaped_folder(tok_from: str, config: dict = QWEN_1_5B) -> str:
+    """A folder with a random model of a Qwen2.5 shape (1.5B by default) and SmolLM2's tokenizer (its ids fit the
+    vocabulary)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from nanorl.models import load_model
 
-    out = Path(tempfile.mkdtemp(prefix="qwen1.5b_shaped_"))
+    out = Path(tempfile.mkdtemp(prefix="qwen_shaped_"))
     _, tok = load_model(tok_from)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN_1_5B), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)

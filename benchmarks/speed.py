@@ -286,7 +286,7 @@ def part_nanorl(a) -> dict:
     for r in range(a.warmup + 2 * a.reps):
         timer = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
         roll, _, rewards, _ = nanorl_rollout(cfg, run, examples, r, timer)  # (N,)
-        adv, _ = ESTIMATORS["group"](rewards, a.samples, True)  # (N,)
+        adv = ESTIMATORS["group"](rewards, a.samples, True)  # (N,)
         all_rows = r % 2 == 1
         if all_rows:  # the work TRL does: every row carries a (here random, non-zero) advantage
             adv = torch.randn(len(adv), generator=torch.Generator().manual_seed(r)).sign()

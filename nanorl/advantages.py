@@ -1,4 +1,4 @@
-"""Advantages: pure functions from rewards to per-sequence advantages, each returning (values, stats).
+"""Advantages: pure functions from rewards to advantages, per sequence (GRPO family) or per token (GAE).
 
 rewards (N,) are ordered group by group: sample i belongs to prompt i // G.
 
@@ -28,18 +28,13 @@ def _centre(r: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
     return torch.where(flat, torch.zeros_like(r), r - baseline)
 
 
-def _stats(r: torch.Tensor, adv: torch.Tensor) -> dict:
-    has_var = (r.amax(dim=1) > r.amin(dim=1)).float()  # r: (groups, G)
-    return {"frac_groups_with_variance": has_var.mean().item(), "adv_abs_mean": adv.abs().mean().item()}
-
-
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
                      lengths: torch.Tensor | None = None, std_correction: int = 0):
     """GRPO / Dr. GRPO. A group whose rewards are all equal gets advantage 0 exactly (never NaN)."""
     r = rewards.float().view(-1, group_size)  # (groups, G)
     centered = _centre(r, r.mean(dim=1, keepdim=True))
     adv = centered / (r.std(dim=1, correction=std_correction, keepdim=True) + eps) if scale_by_std else centered
-    return adv.view(-1), _stats(r, adv)
+    return adv.view(-1)  # (N,)
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-6,
@@ -52,7 +47,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool =
     adv = _centre(r, baseline)
     if scale_by_std:
         adv = adv / (r.std(dim=1, correction=std_correction, keepdim=True) + eps)
-    return adv.view(-1), _stats(r, adv)
+    return adv.view(-1)  # (N,)
 
 
 def token_whiten(x: torch.Tensor, lengths: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6,
@@ -73,8 +68,7 @@ def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
     With lengths [10, 1, 1, 1] and rewards [1, 0, 0, 0] the long sequence gets 0.55, not the 1.73 a
     per-sequence normalisation gives. Without `lengths` every sequence counts as one token."""
     r = rewards.float()
-    adv = token_whiten(r, torch.ones_like(r) if lengths is None else lengths, scale_by_std, eps, std_correction)
-    return adv, _stats(r.view(-1, group_size), adv)
+    return token_whiten(r, torch.ones_like(r) if lengths is None else lengths, scale_by_std, eps, std_correction)
 
 
 def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
@@ -83,8 +77,7 @@ def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std:
     rewards get the shift of that whitening, not 0: they are trained, as in verl and OpenRLHF."""
     r = rewards.float().view(-1, group_size)  # (groups, G)
     centred = _centre(r, r.mean(dim=1, keepdim=True)).view(-1)  # (N,)
-    adv, _ = batch_advantages(centred, group_size, scale_by_std, eps, lengths, std_correction)
-    return adv, _stats(r, adv)
+    return batch_advantages(centred, group_size, scale_by_std, eps, lengths, std_correction)
 
 
 ESTIMATORS = {"group": group_advantages, "rloo": rloo_advantages, "batch": batch_advantages,

@@ -31,14 +31,16 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
          models: dict | None = None, keep_last: int = 1) -> None:
     """Write the model, tokenizer, other `models` (e.g. {"critic": critic}, each in its own subfolder: all of them
     are replaced in one rename) and, with `opt`, the trainer state; keep_last > 1 keeps the previous checkpoints as
-    checkpoint-step<N>. Only the main process writes."""
+    checkpoint-step<N>. Only the main process writes (FSDP: every rank first gathers the full weights and state)."""
+    weights = {name: distributed.full_state_dict(m) for name, m in {".": model, **(models or {})}.items()}
+    optim = distributed.optimizer_state(model, opt) if opt is not None else None  # None: save_pretrained's own
     if not distributed.is_main():
         return
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write(tmp, model, tok, opt, sched, step, extra, models)
+        _write(tmp, model, tok, optim, sched, step, extra, models, weights)
     except (OSError, RuntimeError) as e:  # a full disk surfaces as torch's "file write failed": say so
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(path.parent).free / 2**30
@@ -58,15 +60,16 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write(tmp: Path, model, tok, opt, sched, step: int, extra: dict | None, models: dict | None) -> None:
-    """Everything a checkpoint holds, into the folder `tmp`."""
+def _write(tmp: Path, model, tok, optim, sched, step: int, extra: dict | None, models: dict | None, weights) -> None:
+    """Everything a checkpoint holds, into the folder `tmp`; `weights`: each model's state dict (None: its own)."""
     for name, m in {".": model, **(models or {})}.items():  # each loadable on its own, with the tokenizer
         # a peft adapter alone; without save_embedding_layers peft looks its base model up on the hub
-        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
+        m.save_pretrained(tmp / name, state_dict=weights[name],
+                          **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
         tok.save_pretrained(tmp / name)
     (tmp / "step").write_text(str(step))
-    if opt is not None:
-        state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+    if optim is not None:
+        state = {"step": step, "optimizer": optim, "scheduler": sched.state_dict(),
                  "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
         torch.save(state, tmp / "trainer_state.pt")
 
@@ -78,10 +81,10 @@ def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:
     save(path, model, tok)
 
 
-def load_state(path: Path, opt, sched) -> dict:
-    """Restore optimizer, schedule and RNG from `path`; returns the saved state (with 'step')."""
+def load_state(path: Path, opt, sched, model=None) -> dict:
+    """Restore optimizer, schedule and RNG from `path`; returns the saved state (with 'step'). FSDP: give `model`."""
     state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
-    opt.load_state_dict(state["optimizer"])
+    distributed.load_optimizer_state(model, opt, state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
@@ -173,9 +176,9 @@ def stoppable(steps, save, path: Path):
     try:
         for step in steps:
             yield step
-            if caught:
+            if distributed.reduce(len(caught), "max"):  # under torchrun every rank stops after the same step
                 save(step + 1)
-                raise Interrupted(caught[0], step + 1, path)
+                raise Interrupted((caught or [signal.SIGTERM])[0], step + 1, path)
     finally:
         for s, h in before.items():
             signal.signal(s, h)

@@ -50,6 +50,7 @@ class RunConfig(ModelConfig):
     lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
     lora_target: str = _f("all-linear", "LoRA target modules: all-linear (attention and MLP projections) or names, e.g. 'q_proj,v_proj'")
     merge_lora: bool = _f(True, "LoRA: save the final model/ merged (loads without peft) rather than as the adapter alone")
+    strategy: str = _f("ddp", "under torchrun: ddp (each process holds the whole model) | fsdp (FSDP2: weights, gradients and AdamW state sharded over the processes)")
     grad_checkpointing: bool = _f(False, "recompute each decoder layer's activations in the update's backward: less memory, about a third more compute")
 
 
@@ -231,7 +232,7 @@ CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_corr
            "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"), "loss_agg": ("token", "sequence", "constant"),
            "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
            "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
-           "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"),
+           "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"), "strategy": ("ddp", "fsdp"),
            "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge"),
            "dtype": ("auto", "float32", "bf16-mixed", "bfloat16", "float16")}
 # What each key allows, for every config that has it: a test of the value, and what to say when it fails.

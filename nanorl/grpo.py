@@ -72,15 +72,15 @@ def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
     return max(-1.0, min(0.0, (max_len - buffer - length) / buffer))  # the ramp, clamped to [-1, 0]
 
 
-def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor | None, list[bool]]:
-    """The one place `overlong` is read -> (a reward penalty (N,) or None, which rows may train).
+def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor, list[bool]]:
+    """The one place `overlong` is read -> (a reward penalty (N,), zeros unless soft; which rows may train).
     soft: DAPO eq. 13, a penalty ramping 0 -> -1 over the last `overlong_buffer` tokens; filter: DAPO's
     overlong filtering, truncated completions carry no loss at all (nor count in its normaliser)."""
     keep = [not t for t in roll.truncated] if cfg.overlong == "filter" else [True] * len(roll.truncated)
     if cfg.overlong == "soft":
         buffer = cfg.overlong_buffer or max(1, cfg.max_new_tokens // 4)
         return torch.tensor([overlong_penalty(len(c), cfg.max_new_tokens, buffer) for c in roll.completion_ids]), keep
-    return None, keep
+    return torch.zeros(len(keep)), keep
 
 
 def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_funcs=None, callbacks=()) -> dict:
@@ -104,7 +104,7 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     on_policy = opt_steps_per_batch == 1  # then old log-probs are the current ones, detached
     opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
                                 cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
-    start = checkpoint.load_state(ckpt, opt, sched)["step"] if resuming else 0
+    start = checkpoint.load_state(ckpt, opt, sched, policy)["step"] if resuming else 0
     if resuming:
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
     first = last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
@@ -141,18 +141,16 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         t2 = time.perf_counter()
 
         # -------------------------------------------------------------- advantage
-        shaped = rewards
         penalty, trainable = overlong_rule(cfg, roll)
-        if penalty is not None:
-            shaped = shaped + penalty
+        shaped = rewards + penalty  # (N,)
         kl_seq = torch.zeros(batch)
         if kl_in_reward:  # detached KL penalty folded into the reward
             kl_seq = sequence_kl(ref, roll, cfg, pad_id, device, backend)  # (N,)
             shaped = shaped - cfg.kl_coef * kl_seq
         lengths = torch.tensor([len(c) for c in roll.completion_ids])  # (N,) the token-level estimators weigh by them
         everyone = distributed.gather  # this rank's rows -> every rank's: the global batch (one process: the same)
-        adv, adv_stats = ESTIMATORS[cfg.adv_estimator](everyone(shaped), G, cfg.scale_adv_by_std,
-                                                       lengths=everyone(lengths), std_correction=cfg.std_correction)
+        adv = ESTIMATORS[cfg.adv_estimator](everyone(shaped), G, cfg.scale_adv_by_std, lengths=everyone(lengths),
+                                            std_correction=cfg.std_correction)  # (N_all,)
         n_all, mine = len(adv), distributed.share(len(adv))  # the global batch's size; this rank's rows of it
         adv = adv[mine]  # (N,)
 

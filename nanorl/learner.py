@@ -57,7 +57,8 @@ def optimizer_step(model, opt, sched, grad_clip: float) -> float:
     state stay as they were, the schedule still advances, and the caller sees the non-finite norm."""
     distributed.all_reduce_grads(model)  # under torchrun: every rank's gradient summed, before anything reads it
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf")).item()
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    norm = getattr(norm, "full_tensor", lambda: norm)().item()  # FSDP: a DTensor, the norm over every shard
     if math.isfinite(norm):
         opt.step()
     sched.step()

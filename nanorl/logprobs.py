@@ -56,17 +56,18 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
         first = out.logits[:, -1].index_select(0, idx)  # (b, V): predicts the first completion token
         select_cache_rows(cache, idx)  # (k, ...) -> (b, ...), differentiable
         C, target = batch.completion_ids.shape[1], batch.completion_ids  # (b, C)
-        logp, entropy = selected_logprobs(first, target[:, 0], temperature, with_entropy)  # (b,) each
-        logp, entropy = [logp[:, None]], [entropy[:, None]]
-        if C > 1:  # the last completion token is never an input: nothing after it is scored
-            inputs = target[:, :-1]  # (b, C - 1)
-            cpos = ppos[idx, -1:] + 1 + torch.arange(C - 1, device=idx.device)  # (b, C - 1)
-            attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
-            with backend.recompute(model, cache):  # grad_checkpointing: layers run again in the backward
-                out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
-            rest = selected_logprobs(out.logits.flatten(0, 1), target[:, 1:].flatten(), temperature, with_entropy)
-            logp.append(rest[0].view(-1, C - 1)), entropy.append(rest[1].view(-1, C - 1))
-        return torch.cat(logp, 1), torch.cat(entropy, 1) if with_entropy else None  # (b, C) each
+        logp0, entropy0 = selected_logprobs(first, target[:, 0], temperature, with_entropy)  # (b,) each
+        # the last completion token is never an input (nothing after it is scored); with C = 1 the pass still runs,
+        # on that one token, unscored: under FSDP every rank must run the same forwards
+        inputs = target[:, :max(C - 1, 1)]  # (b, C - 1)
+        cpos = ppos[idx, -1:] + 1 + torch.arange(inputs.shape[1], device=idx.device)  # (b, C - 1)
+        attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
+        with backend.recompute(model, cache):  # grad_checkpointing: layers run again in the backward
+            out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
+        logp, entropy = selected_logprobs(out.logits[:, :C - 1].flatten(0, 1), target[:, 1:].flatten(), temperature,
+                                          with_entropy)  # (b * (C - 1),) each
+        logp = torch.cat([logp0[:, None], logp.view(len(target), C - 1)], 1)  # (b, C)
+        return logp, torch.cat([entropy0[:, None], entropy.view(len(target), C - 1)], 1) if with_entropy else None
 
 
 class _SelectedLogprobs(torch.autograd.Function):

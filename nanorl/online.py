@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
     reward functions or a model given from Python are recorded in the config (config.json) by name."""
     validate(cfg)
     device = distributed.init(resolve_device(cfg.device), cfg)  # under torchrun: join the process group
-    backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing)
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing, cfg.strategy)
     backend.prepare(device)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -101,13 +100,13 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
         policy, tok = load_model(start_from, device, dtype)
     plain = model is not None and not hasattr(model, "peft_config") and cfg.kl_coef > 0
     start = copy.deepcopy(model) if plain else None  # the reference: the model given, before it trains
-    policy = trainable(policy, cfg).eval()  # LoRA adapters when cfg.lora_r > 0
+    policy = distributed.shard(trainable(policy, cfg), cfg).eval()  # LoRA adapters when cfg.lora_r > 0; FSDP
     ref = rm = None
     if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model) and start is None:
         ref = AdapterOff(policy)  # the starting model is the base: the adapters off, no second copy
     elif cfg.kl_coef > 0:
         ref = start if start is not None else load_model(cfg.model, device, dtype)[0]
-        ref.eval().requires_grad_(False)
+        ref = distributed.shard(ref.eval().requires_grad_(False), cfg)
     if cfg.reward_model:
         model, rm_tok = load_reward_model(cfg.reward_model, device, dtype)
         rm = (model.eval().requires_grad_(False), rm_tok)
@@ -216,8 +215,9 @@ def sample_records(examples, texts, rewards, roll, G: int) -> list[dict]:
 
 def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int) -> dict:
     """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl."""
-    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature, cfg.system_prompt,
-                                step=step, steps=cfg.steps)  # a TRL reward's trainer_state
+    with distributed.full_weights(sampler.model):  # FSDP: the ranks' shares may take different numbers of batches
+        metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature,
+                                    cfg.system_prompt, step=step, steps=cfg.steps)  # steps: a TRL reward's trainer_state
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -243,11 +243,10 @@ def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t
     result = {"steps": cfg.steps, "wall_s": wall, "before": first, "after": last}
     if distributed.is_main():
         (out / "results.json").write_text(json.dumps(result, indent=2))
+        before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
+        print(f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
+              f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}", flush=True)
     logger.close()
     checkpoint.unlock(out)
     distributed.finish()
-    before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
-    print(f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
-          f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}")
-    sys.stdout.flush()
     return result

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from nanorl.backends import Backend
 from nanorl.data import left_pad
+from nanorl.integrations import distributed
 from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
 from nanorl.seeds import derive_seed
 
@@ -126,8 +127,9 @@ class LocalSampler:
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, whatever mode the caller keeps the model in
-        try:
-            return generate(self.model, prompts, n, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
+        try:  # FSDP: on the gathered weights (ranks stop decoding at different steps)
+            with distributed.full_weights(self.model):
+                return generate(self.model, prompts, n, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
         finally:
             self.model.train(was_training)
 

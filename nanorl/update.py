@@ -81,7 +81,7 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
     stats = {"loss": 0.0, "tokens": 0, "ratio": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0,
              "logp_diff": 0.0, "approx_kl": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf"),
              "dual_clipped": 0.0, "is_ratio": 0.0, "is_cut": 0.0}
-    for idx in micro_batches(rows, roll, cfg.micro_batch_size):
+    for idx, weight in distributed.even(policy, micro_batches(rows, roll, cfg.micro_batch_size), [0]):  # FSDP
         mb_batch = rows_batch(roll, idx, pad_id, device, learner_old)
         mask, sampler_logp = mb_batch.loss_mask, mb_batch.extra["old"]  # (b, C)
         logp, entropy = token_logprobs(policy, mb_batch, cfg.temperature, with_entropy=True, backend=backend)  # (b, C)
@@ -101,8 +101,10 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
                 ref_logp, _ = token_logprobs(ref, mb_batch, cfg.temperature, backend=backend)
             kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
             per_token = per_token + cfg.kl_coef * kl
-        loss = (loss_weights(mask, loss_agg, n_tokens, n_seqs, cfg.max_new_tokens) * per_token).sum()
+        loss = weight * (loss_weights(mask, loss_agg, n_tokens, n_seqs, cfg.max_new_tokens) * per_token).sum()
         loss.backward()
+        if not weight:  # a filler micro-batch (distributed.even): no gradient, no statistics
+            continue
         m = mask.bool()
         stats["loss"] += loss.item()
         stats["tokens"] += int(m.sum())

@@ -36,7 +36,7 @@ def test_the_gradient_with_checkpointing_is_the_gradient_without(lora):
     prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
     roll = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=0,
                     pad_id=tok.pad_token_id)
-    adv, _ = group_advantages(torch.tensor([float(len(c) % 3) for c in roll.completion_ids]), 4)
+    adv = group_advantages(torch.tensor([float(len(c) % 3) for c in roll.completion_ids]), 4)
     for name in ("auto", "torch"):
         plain, runs = _grads_and_layer_runs(model, tok, roll, adv, Backend(name))
         recomputed, reruns = _grads_and_layer_runs(model, tok, roll, adv, Backend(name, checkpoint=True))

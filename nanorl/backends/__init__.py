@@ -122,10 +122,12 @@ class Backend:
             reuse_freed_memory(device)
 
 
-def select_backend(name: str, dtype: str, device: torch.device, checkpoint: bool = False) -> tuple[Backend, torch.dtype]:
-    """Config keys `backend`, `dtype` and `grad_checkpointing` on `device` -> (the Backend, the dtype the weights
-    are loaded in)."""
+def select_backend(name: str, dtype: str, device: torch.device, checkpoint: bool = False,
+                   strategy: str = "ddp") -> tuple[Backend, torch.dtype]:
+    """Config keys `backend`, `dtype`, `grad_checkpointing` and `strategy` on `device` -> (the Backend, the dtype
+    the weights are loaded in). Strategy fsdp runs plain PyTorch: FSDP's hooks must see every gradient, and its
+    gathered weights change between passes (the CPU speed-ups write gradients and pack weights themselves)."""
     if name not in CHOICES:
         raise ValueError(f"config key 'backend': expected {'|'.join(CHOICES)}, got {name!r}")
     weights, autocast = resolve_precision(dtype, device)
-    return Backend(name, autocast, checkpoint), weights
+    return Backend("torch" if strategy == "fsdp" else name, autocast, checkpoint), weights

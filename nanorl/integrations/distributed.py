@@ -20,9 +20,12 @@ gradients before the optimizer step is what DDP's gradient accumulation (no_sync
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 STARTED: list[bool] = []  # whether this module joined the process group (then `finish` leaves it)
 
@@ -52,15 +55,26 @@ def init(device: torch.device, cfg=None) -> torch.device:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         STARTED.append(True)
-    if cfg is not None and world_size() > 1:
+    if cfg is not None and (world_size() > 1 or getattr(cfg, "strategy", "ddp") != "ddp"):
         check(cfg)
     return device
 
 
 def check(cfg) -> None:
     """What does not run in several processes yet, refused before any model is loaded."""
-    from nanorl.config import ConfigError
+    from nanorl.config import ConfigError, GRPOConfig
 
+    if getattr(cfg, "strategy", "ddp") == "fsdp":
+        if world_size() == 1:
+            raise ConfigError("config key 'strategy': fsdp shards the model over torchrun's processes; launch with "
+                              "`torchrun --nproc_per_node N -m nanorl.cli ...` (N >= 2), or use ddp")
+        if not isinstance(cfg, GRPOConfig):
+            raise ConfigError("config key 'strategy': fsdp runs `nanorl train` (GRPO's family) for now; use ddp here")
+        if cfg.lora_r or cfg.grad_checkpointing:
+            raise ConfigError(f"config key '{'lora_r' if cfg.lora_r else 'grad_checkpointing'}': not yet with "
+                              f"strategy fsdp (use ddp)")
+    if world_size() == 1:
+        return
     if getattr(cfg, "dynamic_sampling", 0):
         raise ConfigError("config key 'dynamic_sampling': not yet under torchrun (run DAPO in one process)")
     if hasattr(cfg, "prompts_per_step") and cfg.prompts_per_step % world_size():  # equal shares of each step
@@ -108,8 +122,9 @@ def reduce(value: float, op: str = "sum") -> float:
 
 def all_reduce_grads(model) -> None:
     """Sum the accumulated gradients over ranks, in place. A parameter no rank gave a gradient keeps None (AdamW
-    skips it, as in one process); one some rank did not reach gets zeros there first."""
-    if world_size() == 1:
+    skips it, as in one process); one some rank did not reach gets zeros there first. FSDP did it already: each
+    backward reduce-scatters every layer's gradient into the shards."""
+    if world_size() == 1 or sharded(model):
         return
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
@@ -123,6 +138,93 @@ def all_reduce_grads(model) -> None:
             pending.append(dist.all_reduce(p.grad, async_op=True))
     for work in pending:
         work.wait()
+
+
+# ---------------------------------------------------------------------------- FSDP2 (strategy fsdp)
+
+
+def sharded(model) -> bool:
+    """Whether `model` is sharded by FSDP2 (`shard`)."""
+    return isinstance(model, FSDPModule)
+
+
+def shard(model, cfg):
+    """strategy fsdp: FSDP2's `fully_shard` on each decoder layer (the classes a transformers model names in
+    _no_split_modules), then on the whole model (embeddings, final norm, LM head): each rank keeps 1/N of every
+    parameter, and so of its gradient and AdamW state. A forward all-gathers a layer just before it runs and frees
+    it after; a backward gathers it again and reduce-scatters its gradient, summed (divide factor 1: nanorl's loss
+    normalisers count the global batch, as without FSDP). Otherwise the model as it is."""
+    if model is None or getattr(cfg, "strategy", "ddp") != "fsdp":
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    for layer in [m for m in model.modules() if type(m).__name__ in names]:
+        fully_shard(layer, reshard_after_forward=True)
+    fully_shard(model, reshard_after_forward=True)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):  # a plain sum (gloo has no PREMUL_SUM for FSDP's scaled reductions)
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+@contextmanager
+def full_weights(model):
+    """FSDP: the whole model gathered on every rank (one all-gather per layer, freed at the end) for passes whose
+    number of forwards differs between ranks: sampling (each rank stops when its own completions end) and
+    evaluation (its shares may differ in size). Per-layer gathers inside them would not pair up across ranks.
+    Scoring passes need none: every rank holds as many rows, and token_logprobs runs two forwards per batch.
+    Inside another full_weights of the same model, and without FSDP, nothing."""
+    gathered = sharded(model) and not isinstance(next(model.parameters()), DTensor)  # unsharded: plain tensors
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)] if sharded(model) and not gathered else []
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def even(model, batches: list, filler) -> list[tuple]:
+    """(micro-batch, weight) pairs for the update: weight 1 for each of `batches`; under FSDP, as many as the
+    rank with the most, the missing ones `filler` with weight 0 (every rank must run the same forwards and
+    backwards: each gathers and reduce-scatters every layer). A zero-weight loss adds exactly zero gradient."""
+    count = int(reduce(len(batches), "max")) if sharded(model) else len(batches)
+    return [(b, 1.0) for b in batches] + [(filler, 0.0)] * (count - len(batches))
+
+
+def full_state_dict(model) -> dict | None:
+    """FSDP: the full weights, gathered on every rank (a collective) and kept on rank 0's CPU, without the copies
+    of tied weights (as save_pretrained writes them); else None."""
+    if not sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}  # a tied one once
+    return {k: v for k, v in state.items() if k in names}
+
+
+def optimizer_state(model, opt) -> dict:
+    """The optimizer's state dict; under FSDP gathered in full (keyed by parameter name) onto rank 0's CPU."""
+    if not sharded(model):
+        return opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model, opt, state: dict) -> None:
+    """Restore what `optimizer_state` saved: under FSDP each rank takes its shards of the full state."""
+    if not sharded(model):
+        return opt.load_state_dict(state)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
 
 
 def finish() -> None:

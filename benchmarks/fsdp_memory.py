@@ -1,0 +1,89 @@
+"""Peak memory of each process of `nanorl train` under torchrun, strategy ddp (every process holds the whole
+model, its gradients and AdamW state) against fsdp (FSDP2: each holds 1/N of them), on a model of Qwen2.5-0.5B's
+architecture and size with random weights (built from its config: no download).
+
+    python benchmarks/fsdp_memory.py                          # 2 processes; writes results/fsdp_memory/
+    python benchmarks/fsdp_memory.py --nproc 2 --steps 2 --out results/fsdp_memory
+
+Each run is `torchrun --nproc_per_node N -m nanorl.cli train` on the plain PyTorch path (fsdp takes it; ddp is
+given it so the two differ only in the strategy), a small batch (the states, not activations, are what FSDP
+shards), with and without a resumable checkpoint after step 1 (a checkpoint gathers the full weights and AdamW
+state onto the first process: that is its own peak). Every worker runs under `/usr/bin/time -v`: its "Maximum
+resident set size" is that process's peak. The two strategies' final weights are compared as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lora_memory import QWEN_0_5B, qwen_shaped_folder  # noqa: E402  (benchmarks/ is not a package)
+
+
+def run(folder: str, strategy: str, save_every: int, a, out: Path) -> dict:
+    name = f"{strategy}_save{save_every}"
+    rss = out / f"{name}.rss"
+    worker = f'exec /usr/bin/time -v -o "{rss}.$RANK" {sys.executable} -m nanorl.cli "$@"'
+    args = ["train", "--model", folder, "--strategy", strategy, "--backend", "torch", "--steps", str(a.steps),
+            "--prompts-per-step", "2", "--samples-per-prompt", "4", "--max-new-tokens", "16", "--eval-size", "2",
+            "--micro-batch-size", "4", "--save-every", str(save_every), "--report-to", "none",
+            "--out-dir", str(out / name)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
+           "bash", "-c", worker, "bash", *args]
+    t = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - t
+    (out / f"{name}.log").write_text(res.stdout + res.stderr)
+    if res.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{res.stderr[-3000:]}")
+    peaks = []
+    for r in range(a.nproc):
+        line = next(x for x in Path(f"{rss}.{r}").read_text().splitlines() if "Maximum resident set size" in x)
+        peaks.append(int(line.split()[-1]) / 2**20)  # KiB -> GiB
+    return {"strategy": strategy, "save_every": save_every, "peak_rss_gib": peaks, "wall_s": wall}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--out", default="results/fsdp_memory")
+    a = p.parse_args()
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    folder = qwen_shaped_folder("smollm2-135m", QWEN_0_5B)
+    params = sum(v.numel() for v in load_file(Path(folder) / "model.safetensors").values())
+    rows = []
+    for strategy in ("ddp", "fsdp"):
+        for save_every in (0, 1):
+            rows.append(run(folder, strategy, save_every, a, out))
+            print(json.dumps(rows[-1]), flush=True)
+    w = {s: load_file(out / f"{s}_save0" / "model" / "model.safetensors") for s in ("ddp", "fsdp")}
+    diff = max((w["ddp"][k] - w["fsdp"][k]).abs().max().item() for k in w["ddp"])
+    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                if x.startswith("model name")), "?")
+    result = {"model": "qwen2.5-0.5b-shaped (random weights)", "params": params, "nproc": a.nproc,
+              "steps": a.steps, "torch": torch.__version__, "cpu": cpu, "final_weights_max_abs_diff": diff,
+              "runs": rows}
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    lines = [f"{params / 1e6:.0f}M parameters, {a.nproc} processes, {cpu}, torch {torch.__version__}", "",
+             "| strategy | checkpoint after step 1 | peak RSS per process | wall time |", "|---|---|---|---|"]
+    for r in rows:
+        peaks = " / ".join(f"{x:.2f}" for x in r["peak_rss_gib"])
+        lines.append(f"| {r['strategy']} | {'yes' if r['save_every'] else 'no'} | {peaks} GiB | {r['wall_s']:.0f} s |")
+    lines.append(f"\nfinal weights, ddp against fsdp: max |difference| {diff:.2e}")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
