@@ -7,8 +7,9 @@ architecture and size with random weights (built from its config: no download).
 
 Each run is `torchrun --nproc_per_node N -m nanorl.cli train` on the plain PyTorch path (fsdp takes it; ddp is
 given it so the two differ only in the strategy), a small batch (the states, not activations, are what FSDP
-shards), with and without a resumable checkpoint after step 1 (a checkpoint gathers the full weights and AdamW
-state onto the first process: that is its own peak). Every worker runs under `/usr/bin/time -v`: its "Maximum
+shards; the reward is the share of distinct characters, so a random model's samples differ), with and without
+a resumable checkpoint after step 1 (under fsdp it gathers the full weights onto the first process; each
+process writes its own shards of the AdamW state). Every worker runs under `/usr/bin/time -v`: its "Maximum
 resident set size" is that process's peak. The two strategies' final weights are compared as a check.
 """
 
@@ -29,6 +30,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from lora_memory import QWEN_0_5B, qwen_shaped_folder  # noqa: E402  (benchmarks/ is not a package)
 
 
+REWARD = """def distinct(completions, **kw):  # differs between a random model's samples: something to learn from
+    return [len(set(c)) / max(len(c), 1) for c in completions]
+"""
+
+
 def run(folder: str, strategy: str, save_every: int, a, out: Path) -> dict:
     name = f"{strategy}_save{save_every}"
     rss = out / f"{name}.rss"
@@ -36,6 +42,7 @@ def run(folder: str, strategy: str, save_every: int, a, out: Path) -> dict:
     args = ["train", "--model", folder, "--strategy", strategy, "--backend", "torch", "--steps", str(a.steps),
             "--prompts-per-step", "2", "--samples-per-prompt", "4", "--max-new-tokens", "16", "--eval-size", "2",
             "--micro-batch-size", "4", "--save-every", str(save_every), "--report-to", "none",
+            "--reward", f"{out / 'reward.py'}:distinct",
             "--out-dir", str(out / name)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
            "bash", "-c", worker, "bash", *args]
@@ -45,11 +52,14 @@ def run(folder: str, strategy: str, save_every: int, a, out: Path) -> dict:
     (out / f"{name}.log").write_text(res.stdout + res.stderr)
     if res.returncode != 0:
         raise SystemExit(f"{name} failed:\n{res.stderr[-3000:]}")
+    grad_norms = [json.loads(x)["optim/grad_norm"] for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+    assert all(g > 0 for g in grad_norms), f"{name}: a step without a gradient ({grad_norms})"
     peaks = []
     for r in range(a.nproc):
         line = next(x for x in Path(f"{rss}.{r}").read_text().splitlines() if "Maximum resident set size" in x)
         peaks.append(int(line.split()[-1]) / 2**20)  # KiB -> GiB
-    return {"strategy": strategy, "save_every": save_every, "peak_rss_gib": peaks, "wall_s": wall}
+    return {"strategy": strategy, "save_every": save_every, "peak_rss_gib": peaks, "wall_s": wall,
+            "grad_norms": grad_norms}
 
 
 def main() -> None:
@@ -60,6 +70,7 @@ def main() -> None:
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    (out / "reward.py").write_text(REWARD)
     folder = qwen_shaped_folder("smollm2-135m", QWEN_0_5B)
     params = sum(v.numel() for v in load_file(Path(folder) / "model.safetensors").values())
     rows = []

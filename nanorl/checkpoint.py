@@ -31,14 +31,16 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
          models: dict | None = None, keep_last: int = 1) -> None:
     """Write the model, tokenizer, other `models` (e.g. {"critic": critic}, each in its own subfolder: all of them
     are replaced in one rename) and, with `opt`, the trainer state; keep_last > 1 keeps the previous checkpoints as
-    checkpoint-step<N>. Only the main process writes (FSDP: every rank first gathers the full weights and state)."""
-    weights = {name: distributed.full_state_dict(m) for name, m in {".": model, **(models or {})}.items()}
-    optim = distributed.optimizer_state(model, opt) if opt is not None else None  # None: save_pretrained's own
-    if not distributed.is_main():
-        return
+    checkpoint-step<N>. Only the main process writes; under FSDP every rank first gathers the full weights (onto
+    the main process) and writes its shards of the optimizer state."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if distributed.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+    weights = {name: distributed.full_state_dict(m) for name, m in {".": model, **(models or {})}.items()}
+    optim = distributed.optimizer_state(model, opt, tmp / "optimizer") if opt is not None else None
+    if not distributed.is_main():
+        return
     try:
         _write(tmp, model, tok, optim, sched, step, extra, models, weights)
     except (OSError, RuntimeError) as e:  # a full disk surfaces as torch's "file write failed": say so
@@ -84,7 +86,7 @@ def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:
 def load_state(path: Path, opt, sched, model=None) -> dict:
     """Restore optimizer, schedule and RNG from `path`; returns the saved state (with 'step'). FSDP: give `model`."""
     state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
-    distributed.load_optimizer_state(model, opt, state["optimizer"])
+    distributed.load_optimizer_state(model, opt, state["optimizer"], path)
     sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])

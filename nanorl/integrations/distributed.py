@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -209,22 +210,30 @@ def full_state_dict(model) -> dict | None:
     return {k: v for k, v in state.items() if k in names}
 
 
-def optimizer_state(model, opt) -> dict:
-    """The optimizer's state dict; under FSDP gathered in full (keyed by parameter name) onto rank 0's CPU."""
+def optimizer_state(model, opt, folder):
+    """The optimizer's state for trainer_state.pt. FSDP: each rank writes its own shards of it into `folder` with
+    torch.distributed.checkpoint (a collective; no rank ever holds the whole AdamW state, and it loads back at any
+    number of processes), and what is returned names that folder."""
     if not sharded(model):
         return opt.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    dist.barrier()  # the main process has cleared the checkpoint's temporary folder
+    dcp.save({"optimizer": get_optimizer_state_dict(model, opt)}, checkpoint_id=folder)
+    return {"sharded": Path(folder).name}
 
 
-def load_optimizer_state(model, opt, state: dict) -> None:
-    """Restore what `optimizer_state` saved: under FSDP each rank takes its shards of the full state."""
+def load_optimizer_state(model, opt, state: dict, checkpoint) -> None:
+    """Restore what `optimizer_state` saved in the folder `checkpoint`: under FSDP each rank reads its shards."""
     if not sharded(model):
         return opt.load_state_dict(state)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
+    shards = {"optimizer": get_optimizer_state_dict(model, opt)}  # this rank's layout, filled in from the files
+    dcp.load(shards, checkpoint_id=Path(checkpoint) / state["sharded"])
+    set_optimizer_state_dict(model, opt, shards["optimizer"])
 
 
 def finish() -> None:
