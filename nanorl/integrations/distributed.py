@@ -10,6 +10,10 @@ are the single-process ones; gradients are summed over ranks once per optimizer 
 two processes take the same step as one process on the same global batch (tests/test_distributed.py). Only the
 main process (rank 0) writes logs, samples, checkpoints and the final model.
 
+With `strategy: fsdp` (FSDP2, `shard`) each rank also keeps only 1/N of every weight, gradient and AdamW state;
+the rest of this file's FSDP section keeps every rank's collectives paired (`full_weights` for sampling and
+evaluation, `even` for the update's micro-batches) and writes checkpoints from the shards (docs/scaling.md).
+
 Why not the DistributedDataParallel wrapper: it reduces gradients inside each backward and needs every rank to
 run the same number of backwards with the same parameters used. Here ranks differ in both (rows with zero
 advantage or a truncated completion are skipped, a prompt forward and a completion forward feed one backward),
