@@ -32,16 +32,23 @@ CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss
 }
 
 
-def run(tmp_path, name: str, args: list[str], procs: int) -> subprocess.CompletedProcess:
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def command(tmp_path, name: str, args: list[str], procs: int) -> list[str]:
+    """`nanorl` on the tiny model into tmp_path/name, under torchrun when procs > 1; writes the reward and pairs."""
     (tmp_path / "r.py").write_text(REWARD)
     (tmp_path / "pairs.jsonl").write_text("".join(
         json.dumps({"prompt": f"{a} + {b} =", "chosen": f" {a + b}", "rejected": f" {a * b + 1}"}) + "\n"
         for a in range(5) for b in range(6)))
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)] if procs > 1 else [sys.executable]
-    cmd = launch + ["-m", "nanorl.cli", *args, "--model", "tiny", "--eval-size", "10", "--out-dir", str(tmp_path / name),
-                    "--report-to", "none"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    return launch + ["-m", "nanorl.cli", *args, "--model", "tiny", "--eval-size", "10", "--out-dir",
+                     str(tmp_path / name), "--report-to", "none"]
+
+
+def run(tmp_path, name: str, args: list[str], procs: int) -> subprocess.CompletedProcess:
+    out = subprocess.run(command(tmp_path, name, args, procs), capture_output=True, text=True, timeout=300, env=ENV,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -91,16 +98,13 @@ def test_fsdp_shards_the_model_and_trains_as_one_process(tmp_path, more):
 
 
 def test_an_fsdp_run_stopped_on_one_rank_resumes_to_the_uninterrupted_run(tmp_path):
-    """SIGTERM reaching only rank 1: both ranks finish the same step (its checkpoint gathers every shard), stop,
+    """SIGTERM reaching only rank 1: both ranks finish the same step and write its checkpoint (a collective), stop,
     and --resume continues to the same metrics and weights, bit for bit, as a run never stopped."""
     args = GRPO[:1] + ["--lr", "3e-3", "--reward", "r.py:digits", "--strategy", "fsdp", "--lr-schedule", "constant",
                        "--kl-coef", "0.05", "--eval-every", "1000"]
     run(tmp_path, "straight", args + ["--steps", "6"], 2)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "nanorl.cli", *args,
-              "--steps", "500", "--model", "tiny", "--eval-size", "10", "--out-dir", str(tmp_path / "stopped"),
-              "--report-to", "none"]
-    job = subprocess.Popen(launch, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE,
-                           text=True)
+    job = subprocess.Popen(command(tmp_path, "stopped", args + ["--steps", "500"], 2), cwd=tmp_path, env=ENV,
+                           stderr=subprocess.PIPE, text=True)
     log, deadline = tmp_path / "stopped" / "metrics.jsonl", time.time() + 120
     while not (log.is_file() and log.read_text().strip()) and time.time() < deadline and job.poll() is None:
         time.sleep(0.05)
@@ -128,7 +132,7 @@ def test_an_fsdp_run_stopped_on_one_rank_resumes_to_the_uninterrupted_run(tmp_pa
 def test_what_cannot_run_sharded_is_refused_before_any_model_loads(tmp_path, args, message):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "nanorl.cli", *args,
            "--model", "tiny", "--out-dir", str(tmp_path / "run")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
     # one line from each rank, no traceback through nanorl's code (torchrun adds its own report of the exit codes)
     assert f'File "{os.path.dirname(nanorl.__file__)}' not in out.stderr

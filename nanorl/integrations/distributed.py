@@ -181,8 +181,9 @@ def full_weights(model):
     evaluation (its shares may differ in size). Per-layer gathers inside them would not pair up across ranks.
     Scoring passes need none: every rank holds as many rows, and token_logprobs runs two forwards per batch.
     Inside another full_weights of the same model, and without FSDP, nothing."""
-    gathered = sharded(model) and not isinstance(next(model.parameters()), DTensor)  # unsharded: plain tensors
-    modules = [m for m in model.modules() if isinstance(m, FSDPModule)] if sharded(model) and not gathered else []
+    modules = []  # the FSDP units to gather: none without FSDP, or when gathered already (plain tensors, no DTensors)
+    if sharded(model) and isinstance(next(model.parameters()), DTensor):
+        modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in modules:
         m.set_reshard_after_forward(False, recurse=False)
         m.unshard()
