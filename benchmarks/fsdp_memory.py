@@ -4,13 +4,16 @@ architecture and size with random weights (built from its config: no download).
 
     python benchmarks/fsdp_memory.py                          # 2 processes; writes results/fsdp_memory/
     python benchmarks/fsdp_memory.py --nproc 2 --steps 2 --out results/fsdp_memory
+    python benchmarks/fsdp_memory.py --runs ddp+lora,fsdp+lora,ddp+ckpt,fsdp+ckpt   # LoRA, gradient checkpointing
 
 Each run is `torchrun --nproc_per_node N -m nanorl.cli train` on the plain PyTorch path (fsdp takes it; ddp is
 given it so the two differ only in the strategy), a small batch (the states, not activations, are what FSDP
 shards; the reward is the share of distinct characters, so a random model's samples differ), with and without
-a resumable checkpoint after step 1 (under fsdp it gathers the full weights onto the first process; each
-process writes its own shards of the AdamW state). Every worker runs under `/usr/bin/time -v`: its "Maximum
-resident set size" is that process's peak. The two strategies' final weights are compared as a check.
+a resumable checkpoint after step 1 (`+save`; under fsdp it gathers the full weights onto the first process; each
+process writes its own shards of the AdamW state), with LoRA adapters of rank 16 on every linear projection
+(`+lora`) and with gradient checkpointing (`+ckpt`). Every worker runs under `/usr/bin/time -v`: its "Maximum
+resident set size" is that process's peak. The final weights of runs that differ only in the strategy are
+compared as a check.
 """
 
 from __future__ import annotations
@@ -35,15 +38,16 @@ REWARD = """def distinct(completions, **kw):  # differs between a random model's
 """
 
 
-def run(folder: str, strategy: str, save_every: int, a, out: Path) -> dict:
-    name = f"{strategy}_save{save_every}"
+def run(folder: str, name: str, a, out: Path) -> dict:
+    """One run: `name` is the strategy with any of +save, +lora, +ckpt."""
+    strategy, *more = name.split("+")
     rss = out / f"{name}.rss"
     worker = f'exec /usr/bin/time -v -o "{rss}.$RANK" {sys.executable} -m nanorl.cli "$@"'
     args = ["train", "--model", folder, "--strategy", strategy, "--backend", "torch", "--steps", str(a.steps),
             "--prompts-per-step", "2", "--samples-per-prompt", "4", "--max-new-tokens", "16", "--eval-size", "2",
-            "--micro-batch-size", "4", "--save-every", str(save_every), "--report-to", "none",
-            "--reward", f"{out / 'reward.py'}:distinct",
-            "--out-dir", str(out / name)]
+            "--micro-batch-size", "4", "--save-every", "1" if "save" in more else "0", "--report-to", "none",
+            "--reward", f"{out / 'reward.py'}:distinct", "--out-dir", str(out / name),
+            *(["--lora-r", "16"] if "lora" in more else []), *(["--grad-checkpointing", "true"] if "ckpt" in more else [])]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
            "bash", "-c", worker, "bash", *args]
     t = time.perf_counter()
@@ -58,8 +62,7 @@ def run(folder: str, strategy: str, save_every: int, a, out: Path) -> dict:
     for r in range(a.nproc):
         line = next(x for x in Path(f"{rss}.{r}").read_text().splitlines() if "Maximum resident set size" in x)
         peaks.append(int(line.split()[-1]) / 2**20)  # KiB -> GiB
-    return {"strategy": strategy, "save_every": save_every, "peak_rss_gib": peaks, "wall_s": wall,
-            "grad_norms": grad_norms}
+    return {"run": name, "peak_rss_gib": peaks, "wall_s": wall, "grad_norms": grad_norms}
 
 
 def main() -> None:
@@ -67,6 +70,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="results/fsdp_memory")
+    p.add_argument("--runs", default="ddp,ddp+save,fsdp,fsdp+save", help="comma-separated: strategy[+save][+lora][+ckpt]")
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -74,24 +78,27 @@ def main() -> None:
     folder = qwen_shaped_folder("smollm2-135m", QWEN_0_5B)
     params = sum(v.numel() for v in load_file(Path(folder) / "model.safetensors").values())
     rows = []
-    for strategy in ("ddp", "fsdp"):
-        for save_every in (0, 1):
-            rows.append(run(folder, strategy, save_every, a, out))
-            print(json.dumps(rows[-1]), flush=True)
-    w = {s: load_file(out / f"{s}_save0" / "model" / "model.safetensors") for s in ("ddp", "fsdp")}
-    diff = max((w["ddp"][k] - w["fsdp"][k]).abs().max().item() for k in w["ddp"])
+    for name in a.runs.split(","):
+        rows.append(run(folder, name, a, out))
+        print(json.dumps(rows[-1]), flush=True)
+    diffs = {}  # fsdp's final weights against ddp's with the same options
+    for name in [r["run"] for r in rows if r["run"].startswith("fsdp")]:
+        twin = "ddp" + name[len("fsdp"):]
+        if twin in [r["run"] for r in rows]:
+            w = [load_file(out / n / "model" / "model.safetensors") for n in (twin, name)]
+            diffs[f"{twin} vs {name}"] = max((w[0][k] - w[1][k]).abs().max().item() for k in w[0])
     cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
                 if x.startswith("model name")), "?")
     result = {"model": "qwen2.5-0.5b-shaped (random weights)", "params": params, "nproc": a.nproc,
-              "steps": a.steps, "torch": torch.__version__, "cpu": cpu, "final_weights_max_abs_diff": diff,
+              "steps": a.steps, "torch": torch.__version__, "cpu": cpu, "final_weights_max_abs_diff": diffs,
               "runs": rows}
     (out / "results.json").write_text(json.dumps(result, indent=2))
     lines = [f"{params / 1e6:.0f}M parameters, {a.nproc} processes, {cpu}, torch {torch.__version__}", "",
-             "| strategy | checkpoint after step 1 | peak RSS per process | wall time |", "|---|---|---|---|"]
+             "| run | peak RSS per process | wall time |", "|---|---|---|"]
     for r in rows:
         peaks = " / ".join(f"{x:.2f}" for x in r["peak_rss_gib"])
-        lines.append(f"| {r['strategy']} | {'yes' if r['save_every'] else 'no'} | {peaks} GiB | {r['wall_s']:.0f} s |")
-    lines.append(f"\nfinal weights, ddp against fsdp: max |difference| {diff:.2e}")
+        lines.append(f"| {r['run']} | {peaks} GiB | {r['wall_s']:.0f} s |")
+    lines += [""] + [f"final weights, {k}: max |difference| {v:.2e}" for k, v in diffs.items()]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -25,20 +25,23 @@ import torch
 
 from nanorl.config import ConfigError, to_dict
 from nanorl.integrations import distributed
+from nanorl.integrations.lora import merge_saved
 
 
 def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None,
-         models: dict | None = None, keep_last: int = 1) -> None:
+         models: dict | None = None, keep_last: int = 1, optimizers: dict | None = None) -> None:
     """Write the model, tokenizer, other `models` (e.g. {"critic": critic}, each in its own subfolder: all of them
-    are replaced in one rename) and, with `opt`, the trainer state; keep_last > 1 keeps the previous checkpoints as
-    checkpoint-step<N>. Only the main process writes; under FSDP every rank first gathers the full weights (onto
-    the main process) and writes its shards of the optimizer state."""
+    are replaced in one rename) and, with `opt`, the trainer state, with other `optimizers` {key: (model, opt)}
+    beside `opt`'s; keep_last > 1 keeps the previous checkpoints as checkpoint-step<N>. Only the main process
+    writes; under FSDP every rank first gathers the full weights (onto the main process) and writes its shards of
+    the optimizer states."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if distributed.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
     weights = {name: distributed.full_state_dict(m) for name, m in {".": model, **(models or {})}.items()}
-    optim = distributed.optimizer_state(model, opt, tmp / "optimizer") if opt is not None else None
+    optims = {"optimizer": (model, opt), **(optimizers or {})} if opt is not None else {}
+    optim = {key: distributed.optimizer_state(m, o, tmp / key) for key, (m, o) in optims.items()}
     if not distributed.is_main():
         return
     try:
@@ -70,15 +73,18 @@ def _write(tmp: Path, model, tok, optim, sched, step: int, extra: dict | None, m
                           **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
         tok.save_pretrained(tmp / name)
     (tmp / "step").write_text(str(step))
-    if optim is not None:
-        state = {"step": step, "optimizer": optim, "scheduler": sched.state_dict(),
+    if optim:
+        state = {"step": step, **optim, "scheduler": sched.state_dict(),
                  "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
         torch.save(state, tmp / "trainer_state.pt")
 
 
 def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:
     """The final model: as it is, or for a LoRA run the adapter merged into its base (or the adapter alone)."""
-    if hasattr(model, "peft_config") and merge_lora:
+    if hasattr(model, "peft_config") and merge_lora and distributed.sharded(model):  # FSDP: no rank holds it all
+        save(path, model, tok)  # the adapter, then merged into its base read back from disk by the main process
+        model = merge_saved(path, next(model.parameters()).dtype) if distributed.is_main() else None
+    elif hasattr(model, "peft_config") and merge_lora:
         model = model.merge_and_unload()  # the run is over: the adapters' wrappers are no longer needed
     save(path, model, tok)
 

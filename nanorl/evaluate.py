@@ -25,28 +25,30 @@ def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperatu
     settings = [("greedy", 1, SamplingParams(max_new_tokens, temperature=0.0))]
     if k > 1:
         settings.append((f"pass@{k}", k, SamplingParams(max_new_tokens, temperature=temperature)))
-    for name, n, params in settings:
-        correct, rewards, lengths = [], [], []
-        for start in range(mine.start, mine.stop, batch_prompts):
-            chunk = task.eval[start:min(start + batch_prompts, mine.stop)]
-            ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
-            out = sampler.generate(ids, n, params, [derive_seed(seed, start + i, "prompt") for i in range(len(chunk))])
-            texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
-            scores = task.score([chunk[i // n] for i in range(len(texts))], texts, completion_ids=out.completion_ids,
-                                step=step, steps=steps)
-            rewards += scores
-            correct += [r >= task.acc_threshold for r in scores]
-            lengths += [len(comp) for comp in out.completion_ids]
-            if name == "greedy":  # one completion per prompt
-                samples += [{"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
-                            for ex, text, r in zip(chunk, texts, scores)]
-        correct, rewards, lengths = map(distributed.gather_objects, (correct, rewards, lengths))
-        per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, n)
-        if name == "greedy":
-            metrics["eval/greedy_acc"] = per_prompt.mean().item()
-            metrics["eval/greedy_reward"] = sum(rewards) / len(rewards)
-            metrics["eval/len_mean"] = sum(lengths) / len(lengths)
-        else:
-            metrics[f"eval/pass@{k}"] = (per_prompt.max(dim=1).values).mean().item()
-            metrics["eval/sampled_acc"] = per_prompt.mean().item()
+    with distributed.full_weights(getattr(sampler, "model", None)):  # FSDP: shares may take unequal batch counts
+        for name, n, params in settings:
+            correct, rewards, lengths = [], [], []
+            for start in range(mine.start, mine.stop, batch_prompts):
+                chunk = task.eval[start:min(start + batch_prompts, mine.stop)]
+                ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
+                seeds = [derive_seed(seed, start + i, "prompt") for i in range(len(chunk))]
+                out = sampler.generate(ids, n, params, seeds)
+                texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
+                scores = task.score([chunk[i // n] for i in range(len(texts))], texts,
+                                    completion_ids=out.completion_ids, step=step, steps=steps)
+                rewards += scores
+                correct += [r >= task.acc_threshold for r in scores]
+                lengths += [len(comp) for comp in out.completion_ids]
+                if name == "greedy":  # one completion per prompt
+                    samples += [{"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
+                                for ex, text, r in zip(chunk, texts, scores)]
+            correct, rewards, lengths = map(distributed.gather_objects, (correct, rewards, lengths))
+            per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, n)
+            if name == "greedy":
+                metrics["eval/greedy_acc"] = per_prompt.mean().item()
+                metrics["eval/greedy_reward"] = sum(rewards) / len(rewards)
+                metrics["eval/len_mean"] = sum(lengths) / len(lengths)
+            else:
+                metrics[f"eval/pass@{k}"] = (per_prompt.max(dim=1).values).mean().item()
+                metrics["eval/sampled_acc"] = per_prompt.mean().item()
     return metrics, distributed.gather_objects(samples)

@@ -43,14 +43,14 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = distributed.init(resolve_device(cfg.device), cfg)  # under torchrun: join the process group
-    backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing)
+    backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing, cfg.strategy)
     backend.prepare(device)
     out, ckpt = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     checkpoint.lock(out)  # one run per folder, before anything in it is read or removed
     resuming = checkpoint.check_resume(cfg, ckpt)  # refuses a resume that cannot continue this run
     model, tok = load(str(ckpt) if resuming else cfg.model, device, dtype)  # a LoRA checkpoint: base + adapter
     # LoRA when cfg.lora_r > 0; eval mode, no dropout: the reference pass and the update see the same function
-    model = trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS").eval()
+    model = distributed.shard(trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS"), cfg).eval()
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
     if distributed.is_main():
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -68,7 +68,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     per_epoch = -(-len(rows) // cfg.batch_size)  # optimizer steps per epoch: a partial last batch is one too
     total = cfg.epochs * per_epoch
     opt, sched = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
-    start = checkpoint.load_state(ckpt, opt, sched)["step"] if cfg.resume else 0  # setup checked it exists
+    start = checkpoint.load_state(ckpt, opt, sched, model)["step"] if cfg.resume else 0  # setup checked it exists
     logger.rewind(start)  # lines a stopped run wrote after its checkpoint are redone below
 
     def evaluate_and_log(step: int) -> dict:  # the trainer's held-out metrics, then the task's accuracy
@@ -78,7 +78,8 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             acc, _ = evaluate(sampler, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
             metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
         logger.log_eval(metrics, step)
-        tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        if distributed.is_main():
+            tqdm.write(f"[nanorl] step {step} eval: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
         return metrics
 
     def save(done: int) -> None:  # a resumable checkpoint after step `done`
@@ -99,11 +100,12 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
         # -------------------------------------------------------------- forward / backward
         sums: dict = {}
         norm = normaliser(batch)  # a count over the whole batch: micro-batching (and torchrun's sharding) is invisible
-        for part in chunks(batch[distributed.share(len(batch))], cfg.micro_batch_size):  # this rank's rows
+        mine = chunks(batch[distributed.share(len(batch))], cfg.micro_batch_size)  # this rank's rows
+        for part, weight in distributed.even(model, mine, batch[:1]):  # FSDP: zero-weight fillers pair the passes
             loss, stats = micro_loss(part)
-            (loss / norm).backward()
+            (loss * weight / norm).backward()
             for k, v in {**stats, "loss": loss.item() * len(batch) / norm}.items():  # the loss reported per row
-                sums[k] = sums.get(k, 0.0) + float(v)
+                sums[k] = sums.get(k, 0.0) + weight * float(v)
         sums = {k: distributed.reduce(v) for k, v in sums.items()}  # every rank's rows
         grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
 
@@ -124,13 +126,13 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     checkpoint.save_final(out / "model", model, tok, cfg.merge_lora)
     wall = time.perf_counter() - t_start
     result = {"steps": total, "wall_s": wall, "before": first, "after": last}
-    if distributed.is_main():
+    if distributed.is_main():  # the main process speaks for the run
         (out / "results.json").write_text(json.dumps(result, indent=2))
+        shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
+        print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
+              ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")
+        sys.stdout.flush()
     logger.close()
     checkpoint.unlock(out)
     distributed.finish()
-    shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
-    print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
-          ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")
-    sys.stdout.flush()
     return result

@@ -215,9 +215,8 @@ def sample_records(examples, texts, rewards, roll, G: int) -> list[dict]:
 
 def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int) -> dict:
     """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl."""
-    with distributed.full_weights(sampler.model):  # FSDP: the ranks' shares may take different numbers of batches
-        metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature,
-                                    cfg.system_prompt, step=step, steps=cfg.steps)  # steps: a TRL reward's trainer_state
+    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature,
+                                cfg.system_prompt, step=step, steps=cfg.steps)  # steps: a TRL reward's trainer_state
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))

@@ -60,7 +60,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
     critic, _ = load_reward_model(str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model), device, dtype)
-    critic = trainable(critic, cfg, "SEQ_CLS").eval()  # LoRA on the critic too when cfg.lora_r > 0; no dropout
+    critic = distributed.shard(trainable(critic, cfg, "SEQ_CLS"), cfg).eval()  # LoRA too when lora_r > 0; FSDP
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
     describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
              device, backend, out)
@@ -73,8 +73,8 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
                                               cfg.lr_schedule)
     start = 0
     if resuming:
-        state = checkpoint.load_state(ckpt, opt, sched)
-        critic_opt.load_state_dict(state["critic_optimizer"])
+        state = checkpoint.load_state(ckpt, opt, sched, policy)
+        distributed.load_optimizer_state(critic, critic_opt, state["critic_optimizer"], ckpt)
         critic_sched.load_state_dict(state["critic_scheduler"])
         start = state["step"]
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
@@ -83,8 +83,8 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     bar = progress(start, cfg, "ppo")
 
     def save(done: int) -> None:  # policy and critic in one checkpoint, written in one rename
-        checkpoint.save(ckpt, policy, tok, opt, sched, done, {"critic_optimizer": critic_opt.state_dict(),
-                        "critic_scheduler": critic_sched.state_dict()}, {"critic": critic}, cfg.keep_last)
+        checkpoint.save(ckpt, policy, tok, opt, sched, done, {"critic_scheduler": critic_sched.state_dict()},
+                        {"critic": critic}, cfg.keep_last, {"critic_optimizer": (critic, critic_opt)})
 
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- rollout + reward
@@ -132,12 +132,12 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
                 merge_stats(sums, stats, grad_norm)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]
                 n_tokens = distributed.reduce(int(mask[mb].sum()))  # the critic's normaliser: the global minibatch's tokens
-                for idx in chunks(mb, cfg.micro_batch_size):
+                for idx, w in distributed.even(critic, chunks(mb, cfg.micro_batch_size), [0]):  # FSDP: fillers w 0
                     v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
                                      pad_id, device, backend)  # (b, c)
                     c = v.shape[1]
                     vl, vst = value_loss(v, old_values[idx, :c].to(device), returns[idx, :c].to(device), cfg.value_clip)
-                    m = mask[idx, :c].to(device)
+                    m = mask[idx, :c].to(device) * w
                     loss = (vl * m).sum() / n_tokens
                     loss.backward()
                     vsums["loss"] += loss.item()

@@ -4,6 +4,7 @@ against a plain `python -m nanorl.cli`, on the tiny random model."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,18 +84,51 @@ def test_two_processes_train_as_one(tmp_path, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "pairs.jsonl", "r.py", "two"]  # one run folder each
 
 
-@pytest.mark.parametrize("more", [[], ["--kl-placement", "reward", "--is-mode", "token_truncate"]])
+@pytest.mark.parametrize("more", [[], ["--kl-placement", "reward", "--is-mode", "token_truncate"],
+                                  ["--lora-r", "4", "--grad-checkpointing", "true"]])
 def test_fsdp_shards_the_model_and_trains_as_one_process(tmp_path, more):
     """strategy fsdp: each rank holds half of every weight, gradient and AdamW state; the sums run in another
     order than in one process (reduce-scatter), so the weights agree to float rounding (3.4e-7 seen), not in every
     bit. Off-policy minibatches with a sharded reference for the KL (in the loss: one more forward per
     micro-batch; in the reward: a no-grad pass), and filtered overlong rows: the ranks hold different numbers of
-    micro-batches (zero-weight fillers even them out)."""
+    micro-batches (zero-weight fillers even them out). With LoRA (the reference: the adapters off) and gradient
+    checkpointing (recomputed layers inside FSDP's gathers): the final model is merged from the saved adapter."""
     out = run(tmp_path, "two", CASES["offpolicy"] + more + ["--strategy", "fsdp"], 2)
     run(tmp_path, "one", CASES["offpolicy"] + more + ["--backend", "torch"], 1)  # FSDP runs plain PyTorch
     assert_same_run(tmp_path, ["model"], 1e-6)
     assert out.stdout.count("[nanorl] done:") == 1  # the main process speaks for the run
     assert "lm_head.weight" not in load_file(tmp_path / "two" / "model" / "model.safetensors")  # tied: saved once
+
+
+OFFLINE = ["--data", "pairs.jsonl", "--batch-size", "9", "--micro-batch-size", "2", "--lr", "1e-3", "--eval-every", "2",
+           "--max-new-tokens", "8"]  # 24 rows: batches of 9, 9, 6; 4 and 5 rows per rank, so 2 and 3 micro-batches
+
+
+@pytest.mark.parametrize("case", ["dpo", "sft", "rm", "ppo"])
+def test_fsdp_trains_the_other_trainers_as_one_process(tmp_path, case):
+    """strategy fsdp for DPO, SFT, the reward model with LoRA (its backbone and scalar head each an FSDP unit:
+    nanorl runs them one by one) and PPO (policy and critic sharded, the critic's AdamW state written per rank too). The
+    offline ranks hold unequal numbers of micro-batches; fillers of weight 0 pair their passes. Resumed from its
+    checkpoint of step 2, the sharded run ends where it did, bit for bit."""
+    args = (CASES["ppo"] if case == "ppo" else [case, *OFFLINE]) + ["--save-every", "2"]
+    args += ["--lora-r", "4"] if case == "rm" else []  # peft's wrapper around the backbone and head
+    models = ["model", "critic"] if case == "ppo" else ["model"]
+    out = run(tmp_path, "two", args + ["--strategy", "fsdp"], 2)
+    run(tmp_path, "one", args + ["--backend", "torch"], 1)
+    assert_same_run(tmp_path, models, 1e-5 if case == "ppo" else 1e-6)
+    assert out.stdout.count(" done") == 1 and out.stdout.count("step 0 eval") == 1  # the main process speaks
+
+    shutil.copytree(tmp_path / "two" / "checkpoint", tmp_path / "again" / "checkpoint")  # stopped after step 2
+    config = json.loads((tmp_path / "two" / "config.json").read_text())
+    (tmp_path / "again" / "config.json").write_text(json.dumps({**config, "out_dir": str(tmp_path / "again")}))
+    for name in ("metrics", "eval", "samples"):
+        lines = (tmp_path / "two" / f"{name}.jsonl").read_text().splitlines(keepends=True)
+        (tmp_path / "again" / f"{name}.jsonl").write_text("".join(x for x in lines if json.loads(x)["step"] <= 2))
+    run(tmp_path, "again", args + ["--strategy", "fsdp", "--resume", "true"], 2)
+    assert metrics(tmp_path / "again") == metrics(tmp_path / "two")
+    for model in models:
+        a, b = (load_file(tmp_path / r / model / "model.safetensors") for r in ("two", "again"))
+        assert all(torch.equal(a[k], b[k]) for k in a), model
 
 
 def test_an_fsdp_run_stopped_on_one_rank_resumes_to_the_uninterrupted_run(tmp_path):
@@ -126,8 +160,6 @@ def test_an_fsdp_run_stopped_on_one_rank_resumes_to_the_uninterrupted_run(tmp_pa
 @pytest.mark.parametrize("args, message", [
     (["train", "--prompts-per-step", "3"], "'prompts_per_step': 3 must be divisible by the 2 processes"),
     (["train", "--algo", "dapo"], "'dynamic_sampling': not yet under torchrun"),
-    (["ppo", "--strategy", "fsdp"], "'strategy': fsdp runs `nanorl train`"),
-    (["train", "--strategy", "fsdp", "--lora-r", "8"], "'lora_r': not yet with strategy fsdp"),
 ])
 def test_what_cannot_run_sharded_is_refused_before_any_model_loads(tmp_path, args, message):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "nanorl.cli", *args,

@@ -67,17 +67,12 @@ def init(device: torch.device, cfg=None) -> torch.device:
 
 def check(cfg) -> None:
     """What does not run in several processes yet, refused before any model is loaded."""
-    from nanorl.config import ConfigError, GRPOConfig
+    from nanorl.config import ConfigError
 
     if getattr(cfg, "strategy", "ddp") == "fsdp":
         if world_size() == 1:
             raise ConfigError("config key 'strategy': fsdp shards the model over torchrun's processes; launch with "
                               "`torchrun --nproc_per_node N -m nanorl.cli ...` (N >= 2), or use ddp")
-        if not isinstance(cfg, GRPOConfig):
-            raise ConfigError("config key 'strategy': fsdp runs `nanorl train` (GRPO's family) for now; use ddp here")
-        if cfg.lora_r or cfg.grad_checkpointing:
-            raise ConfigError(f"config key '{'lora_r' if cfg.lora_r else 'grad_checkpointing'}': not yet with "
-                              f"strategy fsdp (use ddp)")
     if world_size() == 1:
         return
     if getattr(cfg, "dynamic_sampling", 0):
@@ -158,7 +153,9 @@ def shard(model, cfg):
     _no_split_modules), then on the whole model (embeddings, final norm, LM head): each rank keeps 1/N of every
     parameter, and so of its gradient and AdamW state. A forward all-gathers a layer just before it runs and frees
     it after; a backward gathers it again and reduce-scatters its gradient, summed (divide factor 1: nanorl's loss
-    normalisers count the global batch, as without FSDP). Otherwise the model as it is."""
+    normalisers count the global batch, as without FSDP). A reward model's or critic's backbone and scalar head
+    are units of their own too: nanorl calls them one after the other, never through the root's forward. Under
+    peft's wrapper the same, with the frozen base and the adapters sharded alike. Otherwise the model as it is."""
     if model is None or getattr(cfg, "strategy", "ddp") != "fsdp":
         return model
     from torch.distributed.fsdp import fully_shard
@@ -166,6 +163,10 @@ def shard(model, cfg):
     names = set(getattr(model, "_no_split_modules", None) or [])
     for layer in [m for m in model.modules() if type(m).__name__ in names]:
         fully_shard(layer, reshard_after_forward=True)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
+    if hasattr(inner, "score"):  # a value head (reward model, critic): nanorl runs backbone and head one by one
+        fully_shard(inner.base_model, reshard_after_forward=True)
+        fully_shard(inner.score, reshard_after_forward=True)
     fully_shard(model, reshard_after_forward=True)
     for m in model.modules():
         if isinstance(m, FSDPModule):  # a plain sum (gloo has no PREMUL_SUM for FSDP's scaled reductions)

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from nanorl.config import ConfigError
-from nanorl.tasks.builtin import builtin_rewards, builtin_task
+from nanorl.tasks.builtin import builtin_task, load_reward  # load_reward: a reward by name, module or file
 
 
 @dataclass
@@ -123,41 +121,6 @@ class Task:
 
     def score(self, examples: list[Example], completions: list[str], **context) -> list[float]:
         return self.score_parts(examples, completions, **context)[1]
-
-
-def load_reward(name: str) -> Callable:
-    """A built-in reward by name, a `module:function`, or a `path/to/file.py:function`."""
-    import importlib.util  # binds importlib too
-
-    builtin = builtin_rewards()
-    if name in builtin:
-        return builtin[name]
-    if ":" not in name:
-        raise ConfigError(f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
-                         f"or module:function, or file.py:function)")
-    where, fn_name = name.rsplit(":", 1)
-    if where.endswith(".py"):
-        if not Path(where).is_file():
-            raise FileNotFoundError(f"reward file not found: {where}")
-        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(Path(where).resolve().parent))  # its helper modules beside it, as `python file.py`
-        sys.modules.setdefault(spec.name, module)  # importable by name (pickling, multiprocessing)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as e:
-            raise ConfigError(f"config key 'reward': {where} failed to load: {type(e).__name__}: {e}") from None
-    else:
-        try:  # from the working directory too, as `python -m` would
-            if str(Path.cwd()) not in sys.path:
-                sys.path.append(str(Path.cwd()))
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise ConfigError(f"config key 'reward': cannot import {where!r}: {e}") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ConfigError(f"config key 'reward': {where} has no function {fn_name!r}")
-    return fn
 
 
 def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:

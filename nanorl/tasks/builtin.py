@@ -1,12 +1,16 @@
-"""The catalog: nanorl's built-in tasks and rewards by name (tasks.get_task and the reward spec look them up here).
+"""The catalog: nanorl's built-in tasks and rewards by name (tasks.get_task and the reward spec look them up here),
+and the user's own reward functions, imported from a `module:function` or a `path/to/file.py:function`.
 
     task = builtin_task("arithmetic", digits=2)       # or countdown, code, sql, gsm8k:FILE, a data file or a Dataset
     builtin_rewards()["math"]                         # rewards a spec can name: 'math=1,answer_tag=0.2'
+    load_reward("my_rewards.py:digits")               # a built-in name, module:function or file.py:function
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Callable
 
 from nanorl.config import ConfigError
 
@@ -50,3 +54,38 @@ def builtin_task(name, digits: int = 2, operators: str = "+", eval_size: int = 2
         raise ConfigError(f"config key 'task': unknown task {name!r} (use arithmetic, countdown, code, sql, "
                           f"gsm8k:FILE.jsonl, a data file (.jsonl, .json, .csv, .parquet), a dataset folder or hub id)")
     return task
+
+
+def load_reward(name: str) -> Callable:
+    """A built-in reward by name, a `module:function`, or a `path/to/file.py:function`."""
+    import importlib.util  # binds importlib too
+
+    builtin = builtin_rewards()
+    if name in builtin:
+        return builtin[name]
+    if ":" not in name:
+        raise ConfigError(f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
+                         f"or module:function, or file.py:function)")
+    where, fn_name = name.rsplit(":", 1)
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise FileNotFoundError(f"reward file not found: {where}")
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(Path(where).resolve().parent))  # its helper modules beside it, as `python file.py`
+        sys.modules.setdefault(spec.name, module)  # importable by name (pickling, multiprocessing)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise ConfigError(f"config key 'reward': {where} failed to load: {type(e).__name__}: {e}") from None
+    else:
+        try:  # from the working directory too, as `python -m` would
+            if str(Path.cwd()) not in sys.path:
+                sys.path.append(str(Path.cwd()))
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise ConfigError(f"config key 'reward': cannot import {where!r}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ConfigError(f"config key 'reward': {where} has no function {fn_name!r}")
+    return fn
