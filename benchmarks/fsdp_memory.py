@@ -39,7 +39,7 @@ REWARD = """def distinct(completions, **kw):  # differs between a random model's
 
 
 def run(folder: str, name: str, a, out: Path) -> dict:
-    """One run: `name` is the strategy with any of +save, +lora, +ckpt."""
+    """One run: `name` is the strategy with any of +save, +lora, +ckpt, +adapter (LoRA's final model unmerged)."""
     strategy, *more = name.split("+")
     rss = out / f"{name}.rss"
     worker = f'exec /usr/bin/time -v -o "{rss}.$RANK" {sys.executable} -m nanorl.cli "$@"'
@@ -47,7 +47,8 @@ def run(folder: str, name: str, a, out: Path) -> dict:
             "--prompts-per-step", "2", "--samples-per-prompt", "4", "--max-new-tokens", "16", "--eval-size", "2",
             "--micro-batch-size", "4", "--save-every", "1" if "save" in more else "0", "--report-to", "none",
             "--reward", f"{out / 'reward.py'}:distinct", "--out-dir", str(out / name),
-            *(["--lora-r", "16"] if "lora" in more else []), *(["--grad-checkpointing", "true"] if "ckpt" in more else [])]
+            *(["--lora-r", "16"] if "lora" in more else []), *(["--grad-checkpointing", "true"] if "ckpt" in more else []),
+            *(["--merge-lora", "false"] if "adapter" in more else [])]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
            "bash", "-c", worker, "bash", *args]
     t = time.perf_counter()
@@ -70,7 +71,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="results/fsdp_memory")
-    p.add_argument("--runs", default="ddp,ddp+save,fsdp,fsdp+save", help="comma-separated: strategy[+save][+lora][+ckpt]")
+    p.add_argument("--runs", default="ddp,ddp+save,fsdp,fsdp+save", help="comma-separated: strategy[+save][+lora][+ckpt][+adapter]")
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,9 @@
 # token, so every completion runs to the token cap (the same for every part of the benchmark).
 # Results: OUT/8x8x32 and OUT/32x8x256 (speed.json and table.md each), OUT/tests.txt, OUT/lora (LoRA against full
 # fine-tuning, each with and without gradient checkpointing: peak GPU memory and step time, SmolLM2-135M and a
-# random Qwen2.5-1.5B-shaped model). Data parallel needs two GPUs (nccl takes one device per process): not here.
+# random Qwen2.5-1.5B-shaped model), OUT/strategies and OUT/strategies_lora (ddp against fsdp under torchrun with
+# one process: nccl takes one device per process, so FSDP2 shards over a world of one; step time, tokens/s, peak
+# memory, the final weights compared). Data parallel over several GPUs needs more than the one GPU lent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-smollm2-135m}
@@ -38,3 +40,5 @@ python3 benchmarks/speed.py --device cuda --model "$model" --micro-batch-size 25
   --prompts 32 --samples 8 --new-tokens 256
 python3 benchmarks/lora_memory.py --device cuda --reps 2 --modes lora,lora+ckpt,full,full+ckpt --micro 64 \
   --out "$out/lora"  # with and without gradient checkpointing
+python3 benchmarks/strategies.py --device cuda --model "$model" --out "$out/strategies"  # FSDP2 on nccl
+python3 benchmarks/strategies.py --device cuda --model "$model" --extra "--lora-r 16" --out "$out/strategies_lora"

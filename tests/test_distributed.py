@@ -36,20 +36,22 @@ CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def command(tmp_path, name: str, args: list[str], procs: int) -> list[str]:
-    """`nanorl` on the tiny model into tmp_path/name, under torchrun when procs > 1; writes the reward and pairs."""
+def command(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = False) -> list[str]:
+    """`nanorl` on the tiny model into tmp_path/name, under torchrun when procs > 1 (or asked); writes the reward
+    and pairs."""
     (tmp_path / "r.py").write_text(REWARD)
     (tmp_path / "pairs.jsonl").write_text("".join(
         json.dumps({"prompt": f"{a} + {b} =", "chosen": f" {a + b}", "rejected": f" {a * b + 1}"}) + "\n"
         for a in range(5) for b in range(6)))
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)] if procs > 1 else [sys.executable]
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)] if procs > 1 or torchrun
+              else [sys.executable])
     return launch + ["-m", "nanorl.cli", *args, "--model", "tiny", "--eval-size", "10", "--out-dir",
                      str(tmp_path / name), "--report-to", "none"]
 
 
-def run(tmp_path, name: str, args: list[str], procs: int) -> subprocess.CompletedProcess:
-    out = subprocess.run(command(tmp_path, name, args, procs), capture_output=True, text=True, timeout=300, env=ENV,
-                         cwd=tmp_path)
+def run(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = False) -> subprocess.CompletedProcess:
+    out = subprocess.run(command(tmp_path, name, args, procs, torchrun), capture_output=True, text=True, timeout=300,
+                         env=ENV, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -169,6 +171,17 @@ def test_what_cannot_run_sharded_is_refused_before_any_model_loads(tmp_path, arg
     # one line from each rank, no traceback through nanorl's code (torchrun adds its own report of the exit codes)
     assert f'File "{os.path.dirname(nanorl.__file__)}' not in out.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_fsdp_under_torchrun_in_one_process_shards_over_a_world_of_one(tmp_path):
+    """`torchrun --nproc_per_node 1 ... --strategy fsdp`: the process group of one process, FSDP's units, its
+    sharded optimizer checkpoint; the same steps as a plain process. What a single lent GPU can check of the nccl
+    path (benchmarks/strategies.py in benchmarks/gpu.sh)."""
+    args = GRPO + ["--kl-coef", "0.05", "--save-every", "2"]
+    run(tmp_path, "two", args + ["--strategy", "fsdp"], 1, torchrun=True)
+    run(tmp_path, "one", args + ["--backend", "torch"], 1)
+    assert_same_run(tmp_path, ["model"], 1e-6)
+    assert (tmp_path / "two" / "checkpoint" / "optimizer" / ".metadata").is_file()  # written by dcp: it was sharded
 
 
 def test_fsdp_in_one_process_is_refused_naming_the_key(tmp_path, capsys):

@@ -54,7 +54,8 @@ def is_main() -> bool:
 def init(device: torch.device, cfg=None) -> torch.device:
     """Join torchrun's process group (once per process) and check that `cfg` can run in it -> this rank's
     device: cuda:LOCAL_RANK on GPUs."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not initialized():
+    sharding = getattr(cfg, "strategy", "ddp") == "fsdp" and "LOCAL_RANK" in os.environ  # torchrun, even 1 process
+    if (int(os.environ.get("WORLD_SIZE", "1")) > 1 or sharding) and not initialized():
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
@@ -70,9 +71,9 @@ def check(cfg) -> None:
     from nanorl.config import ConfigError
 
     if getattr(cfg, "strategy", "ddp") == "fsdp":
-        if world_size() == 1:
+        if not initialized():  # under torchrun with one process it runs (a world of one: the GPU check)
             raise ConfigError("config key 'strategy': fsdp shards the model over torchrun's processes; launch with "
-                              "`torchrun --nproc_per_node N -m nanorl.cli ...` (N >= 2), or use ddp")
+                              "`torchrun --nproc_per_node N -m nanorl.cli ...`, or use ddp")
     if world_size() == 1:
         return
     if getattr(cfg, "dynamic_sampling", 0):
@@ -206,12 +207,15 @@ def even(model, batches: list, filler) -> list[tuple]:
 
 def full_state_dict(model) -> dict | None:
     """FSDP: the full weights, gathered on every rank (a collective) and kept on rank 0's CPU, without the copies
-    of tied weights (as save_pretrained writes them); else None."""
+    of tied weights (as save_pretrained writes them); under LoRA only the trained ones (the adapters, which is
+    what peft saves: the frozen base is never gathered). Else None."""
     if not sharded(model):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    lora = hasattr(model, "peft_config")
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                 ignore_frozen_params=lora))
     names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}  # a tied one once
     return {k: v for k, v in state.items() if k in names}
 
