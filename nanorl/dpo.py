@@ -21,7 +21,7 @@ from nanorl.config import ConfigError, DPOConfig
 from nanorl.data import chunks, collate
 from nanorl.losses import dpo_loss
 from nanorl.logprobs import AUTO, sequence_logprobs
-from nanorl.offline import fit, setup
+from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import encode_rows, read_pairs
 
@@ -59,8 +59,7 @@ def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from P
         raise ConfigError(f"config key 'data': {len(train_rows) + len(eval_rows)} rows, the stopped run had {len(refs)}")
     for r, ref in zip(train_rows + eval_rows, refs):
         r["ref"] = ref
-    print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out pairs from {cfg.data}; "
-          f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
+    describe_rows(cfg, train_rows, eval_rows, "pairs")
 
     def micro_loss(rows):
         chosen, rejected = sequence_logprobs(policy, pair_batch(rows, pad, device), backend=backend)[0].view(2, -1)

@@ -58,6 +58,13 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     return model, tok, device, backend, logger
 
 
+def describe_rows(cfg: OfflineConfig, train_rows: list, eval_rows: list, kind: str) -> None:
+    """Print how many rows train and how many are held out, and how many were cut (the main process)."""
+    if distributed.is_main():
+        print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out {kind} from {cfg.data}; "
+              f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
+
+
 def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger, name: str,
         normaliser=len, task=None, backend: Backend = AUTO, state: dict | None = None) -> dict:
     """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens. With a

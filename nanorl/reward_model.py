@@ -23,7 +23,7 @@ from nanorl.integrations.hub import is_sequence_classifier
 from nanorl.integrations.lora import is_adapter, load_adapter
 from nanorl.logprobs import AUTO
 from nanorl.models import check_tokenizer, load_model
-from nanorl.offline import fit, setup
+from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks.preferences import encode_rows, read_pairs
 
 
@@ -95,6 +95,7 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
+    describe_rows(cfg, train_rows, eval_rows, "pairs")
 
     def margins(rows):  # (b,) reward of the chosen reply minus that of the rejected one
         r = rm_scores(model, [x["prompt"] for x in rows] * 2, [x["chosen"] for x in rows] +

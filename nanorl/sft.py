@@ -17,7 +17,7 @@ import torch
 from nanorl.config import SFTConfig
 from nanorl.data import chunks, collate
 from nanorl.logprobs import AUTO, token_logprobs
-from nanorl.offline import fit, setup
+from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks import get_task
 from nanorl.tasks.preferences import encode_sft, read_pairs
 
@@ -39,8 +39,7 @@ def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from P
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_sft(tok, train_data, cfg), encode_sft(tok, eval_data, cfg)  # replies as "chosen"
-    print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out rows from {cfg.data}; "
-          f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
+    describe_rows(cfg, train_rows, eval_rows, "rows")
 
     def micro_loss(rows):
         nll, n = reply_nll(model, rows, pad, device, backend)
