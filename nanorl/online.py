@@ -128,13 +128,13 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
         return
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # the logger made the folder
     policy = models["policy"]
-    memory = ", ".join(f"{k} {sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30:.2f} GiB"
-                       for k, m in models.items() if m is not None)
+    memory = ", ".join(f"{k} {sum(getattr(p, 'to_local', lambda: p)().nbytes for p in m.parameters()) / 2**30:.2f} GiB"
+                       for k, m in models.items() if m is not None)  # FSDP: the shards this process holds
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
     print(f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts; model "
           f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
           f"{next(policy.parameters()).dtype}{f' with {backend.autocast} autocast' if backend.autocast else ''}; "
-          f"weights: {memory}")
+          f"weights per process: {memory}")
 
 
 # ---------------------------------------------------------------------------- rollout and reward
