@@ -126,10 +126,12 @@ def check_resume(cfg, ckpt: Path) -> bool:
     return False
 
 
-def first_eval(resuming: bool, out: Path, evaluate_now) -> dict:
-    """The "before" numbers: the first evaluation of the run (read back from eval.jsonl on resume)."""
-    prior = (out / "eval.jsonl").read_text().splitlines() if resuming else []
-    return {k: v for k, v in json.loads(prior[0]).items() if k != "step"} if prior else evaluate_now()
+def first_eval(resuming: bool, out: Path, evaluate_now) -> tuple[dict, dict]:
+    """The "before" numbers, the first evaluation of the run, and the latest ones: on resume both read back from
+    eval.jsonl (a run stopped in its last step has no step left to evaluate after), else evaluated now."""
+    prior = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()] if resuming else []
+    first, last = (prior[0], prior[-1]) if prior else [evaluate_now()] * 2
+    return tuple({k: v for k, v in e.items() if k != "step"} for e in (first, last))
 
 
 HELD: dict[Path, list[int]] = {}  # run folders this process holds the lock of -> their open lock files

@@ -107,7 +107,7 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     start = checkpoint.load_state(ckpt, opt, sched, policy)["step"] if resuming else 0
     if resuming:
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
-    first = last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    first, last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, cfg.algo)
 

@@ -92,7 +92,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     def save(done: int) -> None:  # a resumable checkpoint after step `done`
         checkpoint.save(ckpt, model, tok, opt, sched, done, state, keep_last=cfg.keep_last)
 
-    first = last = checkpoint.first_eval(cfg.resume, out, lambda: evaluate_and_log(0))
+    first, last = checkpoint.first_eval(cfg.resume, out, lambda: evaluate_and_log(0))
     bar = tqdm(range(start, total), initial=start, total=total, desc=name, dynamic_ncols=True,
                disable=None if distributed.is_main() else True)
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient

@@ -92,3 +92,31 @@ def test_a_full_disk_is_named_and_the_previous_checkpoint_survives(tmp_path, mon
     with pytest.raises(OSError, match="no space left.*previous checkpoint is intact"):
         checkpoint.save(tmp_path / "checkpoint", model, tok, step=2)
     assert (tmp_path / "checkpoint" / "step").read_text() == "1" and not (tmp_path / "checkpoint.tmp").exists()
+
+
+def test_a_run_stopped_in_its_last_step_reports_its_final_evaluation_on_resume(tmp_path):
+    """A signal during the last step: its evaluation is logged, the checkpoint is of the last step, and the resumed
+    run (no steps left) writes results.json with that evaluation as "after", not the "before" numbers."""
+    from nanorl.checkpoint import Interrupted
+    from nanorl.config import GRPOConfig, parse_args
+    from nanorl.grpo import train
+
+    out = tmp_path / "run"
+    (tmp_path / "r.py").write_text("def digits(completions, **kw):  # the tiny model's samples differ on it\n"
+                                   "    return [sum(c.isdigit() for c in s) / max(len(s), 1) for s in completions]\n")
+    args = ["--model", "tiny", "--report-to", "none", "--out-dir", str(out), "--steps", "3", "--eval-every", "1",
+            "--lr", "3e-2", "--save-every", "0", "--reward", f"{tmp_path / 'r.py'}:digits", "--max-new-tokens", "8"]
+
+    def stop_at_the_end(step, metrics):
+        if step == 3:
+            signal.raise_signal(signal.SIGTERM)
+
+    with pytest.raises(Interrupted):
+        train(parse_args(GRPOConfig, args), callbacks=[stop_at_the_end])
+    evals = lines(out / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 1, 2, 3] and (out / "checkpoint" / "step").read_text() == "3"
+    assert evals[-1]["eval/greedy_reward"] != evals[0]["eval/greedy_reward"]  # the evaluations tell apart
+    result = train(parse_args(GRPOConfig, args + ["--resume", "true"]))
+    final = {k: v for k, v in evals[-1].items() if k != "step"}
+    assert result["after"] == final and json.loads((out / "results.json").read_text())["after"] == final
+    assert result["before"] == {k: v for k, v in evals[0].items() if k != "step"}
