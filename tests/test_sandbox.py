@@ -61,6 +61,23 @@ def test_correct_wrong_and_malformed_solutions():
     assert code_reward("", "def f(x):\n    return x * x", tests=[{"assert": "f(4) == 16"}]) == 1.0
 
 
+def test_the_batch_flags_programs_that_failed_or_wrote_malformed_output():
+    """code_reward.batch returns Scores: per completion whether the program failed (no clean exit within its
+    limits) and whether its output did not parse; Task.score_parts logs them as reward/code_failed_mean and
+    reward/code_malformed_mean, never in the reward."""
+    from nanorl.tasks import Example, Task
+
+    good = "```python\ndef f(x):\n    return x * x\n```"
+    crash = "```python\nimport os\nos._exit(3)\n```"
+    forged = "```python\nimport os\nos.write(3, b'not json\\n')\ndef f(x):\n    return x * x\n```"
+    out = code_reward.batch([""] * 3, [good, crash, forged], [{"tests": TESTS}] * 3)
+    assert out == [1.0, 0.0, 0.0] and out.flags == {"failed": [False, True, False], "malformed": [False, False, True]}
+    task = Task("code", train=[Example("", {"tests": TESTS})], eval=[], reward=code_reward)
+    parts, total, _ = task.score_parts(task.train * 3, [good, crash, forged])
+    assert parts == {"task": [1.0, 0.0, 0.0], "task_failed": [0.0, 1.0, 0.0], "task_malformed": [0.0, 0.0, 1.0]}
+    assert total == [1.0, 0.0, 0.0]
+
+
 def test_reward_hacks_score_zero():
     # an object equal to everything, a fake pass line, and exiting before the tests all gain nothing
     eq_hack = "class A:\n    def __eq__(self, o): return True\ndef f(x):\n    return A()"

@@ -8,7 +8,7 @@ import pytest
 
 import nanorl.tasks.sql as sql_module
 from nanorl.tasks.code import Malformed
-from nanorl.tasks.sql import STATS, build_db, extract_sql, parse_rows, run_query, same_result, sql_reward, sql_task
+from nanorl.tasks.sql import build_db, extract_sql, parse_rows, run_query, same_result, sql_reward, sql_task
 
 
 @pytest.fixture()
@@ -113,9 +113,9 @@ def test_malformed_worker_output_scores_zero_and_is_counted(db, tmp_path, monkey
     fake.write_text(f"print({out!r})")
     sql_module.reference_rows(db, REF)  # computed by the real worker, once
     monkeypatch.setattr(sql_module, "WORKER", fake)
-    before = STATS["malformed"]
     assert sql_reward("", REF, db=db, query=REF) == 0.0
-    assert STATS["malformed"] == before + 1
+    scores = sql_reward.batch([""] * 2, [REF, REF], [{"db": db, "query": REF}] * 2)
+    assert scores == [0.0, 0.0] and scores.flags == {"killed": [False, False], "malformed": [True, True]}
 
 
 def test_batch_scores_like_one_at_a_time(db):

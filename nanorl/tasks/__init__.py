@@ -31,6 +31,16 @@ class Example:
     fields: dict = field(default_factory=dict)
 
 
+class Scores(list):
+    """What a batched reward may return instead of a plain list: the scores, plus per-sample flags of what happened
+    (`flags`: {name: [0/1 per sample]}, e.g. the code sandbox's {"failed": ..., "malformed": ...}), logged each step
+    as reward/<reward>_<name>_mean: the fraction of the step's samples flagged."""
+
+    def __init__(self, values, flags: dict | None = None):
+        super().__init__(values)
+        self.flags = flags or {}
+
+
 class RewardSetupError(RuntimeError):
     """A reward that fails for a reason that is not the sample (its signature, an import, a missing column):
     it stops the run whatever `reward_errors` says."""
@@ -84,14 +94,17 @@ class Task:
                     steps: int = 0):
         """-> ({part name: rewards, None where a TRL-form reward skipped the sample}, weighted totals, number of
         reward errors). A reward with `.batch(prompts, completions, fields, **context)` (TRL's form, the code
-        sandbox) scores all completions at once; when that call fails, each is scored alone to find which."""
+        sandbox) scores all completions at once; when that call fails, each is scored alone to find which. Flags a
+        batch returns (`Scores`) join the parts as <part>_<flag>: logged, not added to the reward."""
         parts, errors, rewards = {}, 0, self.parts()
         for name, fn, _ in rewards:
-            batch, values, ctx, failed = getattr(fn, "batch", None), None, {"step": step, "steps": steps}, 0
+            batch, values, ctx, failed, flags = getattr(fn, "batch", None), None, {"step": step, "steps": steps}, 0, {}
             if batch:
                 try:
-                    values = [_value(v, True) for v in batch([e.prompt for e in examples], completions,
-                                                             [e.fields for e in examples], completion_ids, **ctx)]
+                    out = batch([e.prompt for e in examples], completions, [e.fields for e in examples],
+                                completion_ids, **ctx)
+                    values = [_value(v, True) for v in out]
+                    flags = {f"{name}_{k}": [float(x) for x in v] for k, v in getattr(out, "flags", {}).items()}
                 except RewardSetupError:
                     raise
                 except Exception:
@@ -114,7 +127,7 @@ class Task:
                         # a programming error on every completion (a missing column, a non-number): the reward
                         raise RewardSetupError(f"reward '{name}' of task '{self.name}' failed on every completion "
                                                f"of the batch: {e!r}") from e
-            parts[name] = values
+            parts.update({name: values, **flags})
         total = [sum(w * parts[n][i] for n, _, w in rewards if parts[n][i] is not None)
                  for i in range(len(completions))]
         return parts, total, errors

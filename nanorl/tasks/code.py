@@ -17,7 +17,9 @@ against: a forged value is only a guess, and a second line for one expression vo
 An assert with no literal side (`f(1) == g(1)`) is evaluated whole inside the sandbox, where the
 program can bend it: write such tests as a call and a literal.
 Reward: the fraction of tests passed, in [0, 1], or 1/0 with all_or_nothing. Output that does not
-parse scores 0 and is counted in STATS["malformed"]; nothing the program does raises.
+parse scores 0 and is flagged: `code_reward.batch` returns tasks.Scores with per-sample flags "failed" (the
+program did not exit 0 within its limits) and "malformed", logged each step as reward/<part>_failed_mean and
+reward/<part>_malformed_mean (reward/task_... for the code task's own reward); nothing the program does raises.
 """
 
 from __future__ import annotations
@@ -27,12 +29,10 @@ import json
 import math
 import operator
 import re
-from collections import Counter
 
 from nanorl.tasks.sandbox import Limits, SandboxError, run_many
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.S)
-STATS = Counter()  # runs, malformed (output that did not parse), failed (the program did not exit 0 in time)
 MAX_DEPTH, MAX_NODES = 64, 100_000  # of one decoded value
 
 RUNNER = '''
@@ -234,16 +234,13 @@ def passes(check: tuple, values: list) -> bool:
         return False
 
 
-def judge(result, checks: list[tuple], n_exprs: int) -> float:
-    """The fraction of tests passed, in [0, 1]; 0 (and counted) for output that does not parse."""
-    STATS["runs"] += 1
-    STATS["failed"] += not result.ok
+def judge(result, checks: list[tuple], n_exprs: int) -> float | None:
+    """The fraction of tests passed, in [0, 1]; None for output that does not parse (scored 0, flagged malformed)."""
     try:
         values = parse_values(result.data, n_exprs)
         passed = sum(passes(c, values) for c in checks)
     except (Malformed, UnicodeDecodeError, RecursionError, MemoryError):
-        STATS["malformed"] += 1
-        return 0.0
+        return None
     fraction = passed / max(len(checks), 1)
     return min(1.0, max(0.0, fraction)) if math.isfinite(fraction) else 0.0
 
@@ -255,8 +252,9 @@ def extract_code(completion: str) -> str:
 
 
 def score_programs(completions: list[str], tests: list[list[dict]], all_or_nothing: bool = False,
-                   limits: Limits | None = None) -> list[float]:
-    from nanorl.tasks import RewardSetupError
+                   limits: Limits | None = None):
+    """-> tasks.Scores: each completion's score, with the flags "failed" and "malformed" per completion."""
+    from nanorl.tasks import RewardSetupError, Scores
 
     try:
         plans = [plan(t) for t in tests]
@@ -268,7 +266,9 @@ def score_programs(completions: list[str], tests: list[list[dict]], all_or_nothi
     except SandboxError as e:  # the machine, not the completion: stop the run whatever reward_errors says
         raise RewardSetupError(f"code reward: {e}") from None
     fractions = [judge(r, checks, len(exprs)) for r, (exprs, checks) in zip(results, plans)]
-    return [float(f == 1.0) if all_or_nothing else f for f in fractions]
+    flags = {"failed": [not r.ok for r in results], "malformed": [f is None for f in fractions]}
+    fractions = [f or 0.0 for f in fractions]
+    return Scores([float(f == 1.0) if all_or_nothing else f for f in fractions], flags)
 
 
 def code_reward(prompt, completion: str, tests: list[dict], all_or_nothing: bool = False, **_) -> float:
@@ -276,10 +276,12 @@ def code_reward(prompt, completion: str, tests: list[dict], all_or_nothing: bool
     return score_programs([completion], [tests], all_or_nothing)[0]
 
 
-def _batch(prompts, completions, fields: list[dict], *_, **__) -> list[float]:
+def _batch(prompts, completions, fields: list[dict], *_, **__):
+    from nanorl.tasks import Scores
+
     aon = [bool(f.get("all_or_nothing", False)) for f in fields]
     fractions = score_programs(completions, [f["tests"] for f in fields])
-    return [float(x == 1.0) if a else x for x, a in zip(fractions, aon)]
+    return Scores([float(x == 1.0) if a else x for x, a in zip(fractions, aon)], fractions.flags)
 
 
 code_reward.batch = _batch

@@ -10,8 +10,8 @@ trainer enforces by killing the process `KILL_GRACE_S` after `timeout_s` (inside
 interrupts the query at `timeout_s`). The database is opened read-only (`mode=ro`, `PRAGMA query_only`),
 an authorizer allows reads and functions only (no ATTACH, no PRAGMA, no writes), and only one
 statement runs. The result comes back as tagged plain data, at most `max_rows` rows and `MAX_BYTES`,
-and is parsed defensively: anything malformed, too large, slow or failing scores 0 (malformed output
-is counted in STATS). Result sets compare as multisets of rows, or as lists when the reference query
+and is parsed defensively: anything malformed, too large, slow or failing scores 0 (`sql_reward.batch`
+flags each "killed" or "malformed" sample, logged as reward/<part>_killed_mean and reward/<part>_malformed_mean). Result sets compare as multisets of rows, or as lists when the reference query
 has an ORDER BY; floats compare to 6 decimals. Reference results are computed once per database file.
 `sql_reward.batch` runs a batch's queries in parallel across cores.
 """
@@ -36,7 +36,7 @@ WORKER = Path(__file__).with_name("_sql_worker.py")
 _FENCE = re.compile(r"```(?:sql|SQL|sqlite)?[ \t]*\n(.*?)(?:```|$)", re.S)
 MEMORY_MB, MAX_BYTES, KILL_GRACE_S = 256, 2_000_000, 1.0
 SQL_TAGS = ("i", "f", "s", "y", "n")  # SQLite's values: integer, real, text, blob, null
-STATS = Counter()  # queries, malformed (worker output that did not parse), killed (past the wall clock)
+KILLED, MALFORMED = "timeout: killed", "malformed result"  # how run_query's errors for those two begin
 
 
 def extract_sql(completion: str) -> str:
@@ -66,22 +66,19 @@ def run_query(db: str | Path, sql: str, timeout_s: float = 2.0, max_rows: int = 
     past timeout_s + KILL_GRACE_S, never uses more than memory_mb."""
     if not Path(db).is_file():
         raise FileNotFoundError(f"SQL task database not found: {db}")
-    STATS["queries"] += 1
     req = {"uri": Path(db).resolve().as_uri(), "sql": sql, "timeout_s": timeout_s, "max_rows": max_rows,
            "memory_mb": memory_mb, "max_bytes": MAX_BYTES}
     try:
         done = subprocess.run([sys.executable, "-I", "-S", str(WORKER)], input=json.dumps(req), capture_output=True,
                               text=True, timeout=timeout_s + KILL_GRACE_S, env={}, cwd="/")
     except subprocess.TimeoutExpired:  # run() has killed it
-        STATS["killed"] += 1
-        return None, f"timeout: killed after {timeout_s + KILL_GRACE_S:.1f} s"
+        return None, f"{KILLED} after {timeout_s + KILL_GRACE_S:.1f} s"
     if done.returncode != 0:
         return None, f"the query's process ended with {done.returncode}: {done.stderr[-300:]}"
     try:
         return parse_rows(done.stdout[:MAX_BYTES + 100], max_rows)
     except (Malformed, RecursionError, MemoryError) as e:
-        STATS["malformed"] += 1
-        return None, f"malformed result: {e}"
+        return None, f"{MALFORMED}: {e}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -113,19 +110,29 @@ def same_result(got, expected, ordered: bool) -> bool:
 
 def sql_reward(prompt, completion: str, db: str, query: str, timeout_s: float = 2.0, **_) -> float:
     """1.0 when the completion's query returns the reference query's result set, else 0.0."""
+    return _score(completion, db, query, timeout_s)[0]
+
+
+def _score(completion: str, db: str, query: str, timeout_s: float = 2.0, **_) -> tuple[float, str | None]:
+    """sql_reward's score, and the query's error (None when it ran)."""
     expected = reference_rows(db, query)
     got, err = run_query(db, extract_sql(completion), timeout_s)
     ordered = re.search(r"\border\s+by\b", query, re.I) is not None
     try:
-        return float(err is None and same_result(got, expected, ordered))
+        return float(err is None and same_result(got, expected, ordered)), err
     except (TypeError, ValueError, OverflowError):  # rows that do not compare (e.g. unhashable): not equal
-        return 0.0
+        return 0.0, err
 
 
-def _batch(prompts, completions, fields: list[dict], *_, **__) -> list[float]:
+def _batch(prompts, completions, fields: list[dict], *_, **__):
+    from nanorl.tasks import Scores
+
     workers = max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda p, c, f: sql_reward(p, c, **f), prompts, completions, fields))
+        scored = list(pool.map(lambda c, f: _score(c, **f), completions, fields))
+    errors = [err or "" for _, err in scored]
+    return Scores([score for score, _ in scored], {"killed": [e.startswith(KILLED) for e in errors],
+                                                   "malformed": [e.startswith(MALFORMED) for e in errors]})
 
 
 sql_reward.batch = _batch
