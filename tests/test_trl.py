@@ -328,3 +328,26 @@ def test_trl_own_rewards_when_trl_is_installed(tmp_path):
     right = f"<think>x</think>\\boxed{{{ex[0].fields['solution'][1:-1]}}}"
     parts, total, _ = task.score_parts(ex, [right, "no"])
     assert parts == {"accuracy_reward": [1.0, 0.0], "think_format_reward": [1.0, 0.0]} and total == [2.0, 0.0]
+
+
+def test_a_batched_reward_returning_numpy_scores_in_one_call():
+    """A nanorl reward's own `.batch` (as code_reward has) may return a numpy array: it is the batch's scores, in
+    one call, and no flags are logged (numpy's own `.flags` attribute is not tasks.Scores')."""
+    import numpy as np
+
+    from nanorl.tasks import Example, Task
+
+    calls = []
+
+    def lengths(prompt, completion, **kw):
+        return float(len(completion))
+
+    def batch(prompts, completions, fields, *_, **__):
+        calls.append(len(completions))
+        return np.array([float(len(c)) for c in completions])
+
+    lengths.batch = batch
+    rows = [Example("p", {})] * 3
+    parts, total, errors = Task("t", train=rows, eval=rows, reward=[("len", lengths, 1.0)]).score_parts(
+        rows, ["a", "bb", "ccc"])
+    assert parts == {"len": [1.0, 2.0, 3.0]} and total == [1.0, 2.0, 3.0] and calls == [3]

@@ -104,7 +104,8 @@ class Task:
                     out = batch([e.prompt for e in examples], completions, [e.fields for e in examples],
                                 completion_ids, **ctx)
                     values = [_value(v, True) for v in out]
-                    flags = {f"{name}_{k}": [float(x) for x in v] for k, v in getattr(out, "flags", {}).items()}
+                    flags = {f"{name}_{k}": [float(x) for x in v] for k, v in
+                             (out.flags if isinstance(out, Scores) else {}).items()}  # (numpy has .flags too)
                 except RewardSetupError:
                     raise
                 except Exception:
