@@ -129,7 +129,9 @@ def check_resume(cfg, ckpt: Path) -> bool:
 def first_eval(resuming: bool, out: Path, evaluate_now) -> tuple[dict, dict]:
     """The "before" numbers, the first evaluation of the run, and the latest ones: on resume both read back from
     eval.jsonl (a run stopped in its last step has no step left to evaluate after), else evaluated now."""
-    prior = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()] if resuming else []
+    prior = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()] if resuming and \
+        distributed.is_main() else []
+    prior = distributed.gather_objects([prior])[0]  # the main process's reading (it rewinds the file) on every rank
     first, last = (prior[0], prior[-1]) if prior else [evaluate_now()] * 2
     return tuple({k: v for k, v in e.items() if k != "step"} for e in (first, last))
 

@@ -159,6 +159,9 @@ def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig,
                                             completion_ids=roll.completion_ids, step=step, steps=cfg.steps)
     timer["reward_errors"] = timer.get("reward_errors", 0) + errors
     parts = {k: torch.tensor([float("nan") if x is None else x for x in v]) for k, v in named.items()}  # NaN: skipped
+    # torchrun: every rank the same parts in one order (a flag a failed batch did not report on this rank is NaN)
+    nan = torch.full((len(texts),), float("nan"))
+    parts = {k: parts.get(k, nan) for k in dict.fromkeys(distributed.gather_objects(list(parts)))}
     rewards = cfg.rule_weight * torch.tensor(total)
     if rm is not None:
         parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)

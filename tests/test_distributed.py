@@ -61,7 +61,7 @@ def metrics(folder) -> list[dict]:
             for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_same_run(tmp_path, models: list[str], atol: float) -> None:
+def assert_same_run(tmp_path, models: list[str], atol: float, steps: int = 3) -> None:
     """Runs one/ and two/ of tmp_path: the same final weights and the same metrics, one line per step."""
     for model in models:
         one, two = (load_file(tmp_path / run / model / "model.safetensors") for run in ("one", "two"))
@@ -69,7 +69,7 @@ def assert_same_run(tmp_path, models: list[str], atol: float) -> None:
         for k in one:
             torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=atol, msg=f"{model}: {k}")
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert [m["step"] for m in m2] == [1, 2, 3]  # one line per step: only the main process writes
+    assert [m["step"] for m in m2] == list(range(1, steps + 1))  # one line per step: only the main process writes
     assert m1[0]["optim/grad_norm"] > 0  # it trained
     for a, b in zip(m1, m2):
         assert a.keys() == b.keys()
@@ -84,6 +84,32 @@ def test_two_processes_train_as_one(tmp_path, case):
     atol = 1e-5 if case == "ppo" else 1e-6  # PPO: two models' sums in another order, then Adam (~3e-6 seen)
     assert_same_run(tmp_path, ["model", "critic"] if case == "ppo" else ["model"], atol)  # PPO: and its critic
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "pairs.jsonl", "r.py", "two"]  # one run folder each
+
+
+def test_an_offline_batch_with_fewer_rows_than_processes(tmp_path):
+    """24 rows in batches of 23: the last batch has one row, so rank 1 holds none of it. It still runs one
+    zero-weight micro-batch and reports the same statistics (collectives) as rank 0 (it used to stop with a
+    collective mismatch under ddp)."""
+    args = ["dpo", "--data", "pairs.jsonl", "--batch-size", "23", "--micro-batch-size", "8", "--lr", "1e-3",
+            "--max-new-tokens", "8"]
+    run(tmp_path, "two", args, 2)
+    run(tmp_path, "one", args, 1)
+    assert_same_run(tmp_path, ["model"], 1e-6, steps=2)
+
+
+def test_a_reward_batch_that_fails_on_one_rank_only(tmp_path):
+    """A reward's own `.batch` returning flags (tasks.Scores) breaks on rank 1, which then scores its samples one
+    by one, without flags: every rank still gathers the same parts (the missing flags are NaN there)."""
+    (tmp_path / "flagged.py").write_text(
+        "import os\nfrom nanorl.tasks import Scores\n\n\ndef odd(prompt, completion, **kw):\n"
+        "    return float(len(completion) % 2)\n\n\ndef _batch(prompts, completions, fields, *a, **kw):\n"
+        "    if os.environ['RANK'] == '1' and len(completions) > 1:\n        raise ValueError('breaks here')\n"
+        "    return Scores([odd(p, c) for p, c in zip(prompts, completions)], {'odd': [len(c) % 2 for c in completions]})"
+        "\n\n\nodd.batch = _batch\n")
+    run(tmp_path, "two", ["train", "--steps", "2", "--reward", "flagged.py:odd"], 2)
+    rows = metrics(tmp_path / "two")
+    assert len(rows) == 2 and all(0 <= r["reward/odd_odd_mean"] <= 1 for r in rows)  # rank 0's flags
+    assert all(r["reward/odd_mean"] == pytest.approx(r["reward/mean"]) for r in rows)  # flags are not reward
 
 
 @pytest.mark.parametrize("more", [[], ["--kl-placement", "reward", "--is-mode", "token_truncate"],

@@ -200,8 +200,13 @@ def full_weights(model):
 def even(model, batches: list, filler) -> list[tuple]:
     """(micro-batch, weight) pairs for the update: weight 1 for each of `batches`; under FSDP, as many as the
     rank with the most, the missing ones `filler` with weight 0 (every rank must run the same forwards and
-    backwards: each gathers and reduce-scatters every layer). A zero-weight loss adds exactly zero gradient."""
-    count = int(reduce(len(batches), "max")) if sharded(model) else len(batches)
+    backwards: each gathers and reduce-scatters every layer). Without FSDP a rank with none runs one filler when
+    another rank has some: it then reports the same statistics (the same collectives) as the others, e.g. when an
+    offline batch has fewer rows than there are processes; when no rank has any (every row of a minibatch
+    filtered out), none runs, and the optimizer skips the step as in one process. A zero-weight loss adds
+    exactly zero gradient and statistics."""
+    most = int(reduce(len(batches), "max"))
+    count = most if sharded(model) else max(len(batches), min(most, 1))
     return [(b, 1.0) for b in batches] + [(filler, 0.0)] * (count - len(batches))
 
 

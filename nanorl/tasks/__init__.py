@@ -32,9 +32,9 @@ class Example:
 
 
 class Scores(list):
-    """What a batched reward may return instead of a plain list: the scores, plus per-sample flags of what happened
-    (`flags`: {name: [0/1 per sample]}, e.g. the code sandbox's {"failed": ..., "malformed": ...}), logged each step
-    as reward/<reward>_<name>_mean: the fraction of the step's samples flagged."""
+    """What a reward's own `.batch` may return instead of a plain list (TRL-form rewards return lists): the
+    scores, plus per-sample flags of what happened (`flags`: {name: [0/1 per sample]}, e.g. the code sandbox's
+    {"failed": ..., "malformed": ...}), logged each step as reward/<reward>_<name>_mean: the fraction flagged."""
 
     def __init__(self, values, flags: dict | None = None):
         super().__init__(values)
