@@ -61,8 +61,9 @@ def _hidden(model, prompts, replies, pad_id, device, backend: Backend = AUTO):
     fp32 also under mixed precision), and reply lengths."""
     ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with backend.forward(model):  # a peft model's adapters sit inside the backbone it wraps
-        h = _inner(model).base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # (b, L, H)
+    with backend.forward(model), backend.recompute(model):  # peft's adapters sit inside the backbone it wraps
+        h = _inner(model).base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                     use_cache=False).last_hidden_state  # (b, L, H); no KV cache: nothing decodes
     return h.float(), [len(r) for r in replies]
 
 

@@ -56,3 +56,37 @@ def test_checkpointing_leaves_no_forward_patched_and_refuses_models_without_laye
     assert not any("forward" in vars(m) for m in model.modules())
     with pytest.raises(ValueError, match="grad_checkpointing"), Backend(checkpoint=True).recompute(torch.nn.Linear(2, 2), cache):
         pass
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_reward_model_or_critic_pass_is_checkpointed_with_the_same_gradient(lora):
+    """The reward model's and PPO critic's whole-sequence pass (reward_model._hidden, no KV cache): with
+    checkpointing every decoder layer runs again in the backward, and the gradient is the one without."""
+    from nanorl.reward_model import load_reward_model, rm_scores, token_values
+
+    torch.manual_seed(0)
+    model, tok = load_reward_model("tiny", "cpu")
+    torch.nn.init.normal_(model.score.weight)  # the fresh head is 0: then no gradient would reach the backbone
+    if lora:
+        model = add_adapters(model, GRPOConfig(lora_r=4, lora_alpha=8.0), "SEQ_CLS")
+    prompts, replies = [tok("ab")["input_ids"], tok("a longer one")["input_ids"]], [[5, 6, 7], [8]]
+    cls = type(next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")))
+    forward = cls.forward
+    for name in ("auto", "torch"):
+        grads, runs = [], []
+        for checkpoint in (False, True):
+            calls = []
+            cls.forward = lambda self, *a, **k: calls.append(1) or forward(self, *a, **k)
+            model.zero_grad(set_to_none=True)
+            backend = Backend(name, checkpoint=checkpoint)
+            loss = token_values(model, prompts, replies, tok.pad_token_id, "cpu", backend).sum() + \
+                rm_scores(model, prompts, replies, tok.pad_token_id, "cpu", backend).sum()
+            loss.backward()
+            cls.forward = forward
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            runs.append(len(calls))
+        assert grads[0] and grads[0].keys() == grads[1].keys()
+        for n in grads[0]:  # auto: without checkpointing the CPU speed-ups round differently (they step aside for it)
+            scale = grads[0][n].abs().max().item()
+            torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-6 * scale, msg=n)
+        assert runs[0] > 0 and runs[1] == 2 * runs[0]  # every layer run of the two passes ran again

@@ -75,12 +75,14 @@ class Backend:
             yield {}
 
     @contextmanager
-    def recompute(self, model, cache):
+    def recompute(self, model, cache=None):
         """Gradient checkpointing of a forward with gradients that appends to the prompt's KV `cache` (the update's
-        completion pass, logprobs.token_logprobs): each decoder layer keeps only its inputs and runs again in the
-        backward (torch.utils.checkpoint, non-reentrant). The pass appends to the cache, so afterwards the cache is
-        rewound to the prompt's keys and values: a recomputed layer appends to exactly what its first run saw.
-        transformers' own gradient_checkpointing_enable() drops the cache instead, which would drop the prompt."""
+        completion pass, logprobs.token_logprobs), or that has none (cache None: a reward model's or critic's
+        whole-sequence pass, reward_model._hidden, which must not build one): each decoder layer keeps only its
+        inputs and runs again in the backward (torch.utils.checkpoint, non-reentrant). The pass appends to the
+        cache, so afterwards the cache is rewound to the prompt's keys and values: a recomputed layer appends to
+        exactly what its first run saw. transformers' own gradient_checkpointing_enable() drops the cache instead,
+        which would drop the prompt."""
         if not (self.checkpoint and torch.is_grad_enabled()):
             yield
             return
@@ -93,7 +95,8 @@ class Backend:
         if not layers:
             raise ValueError(f"config key 'grad_checkpointing': {type(model).__name__} has no decoder layers "
                              f"transformers can checkpoint (GradientCheckpointingLayer)")
-        prompt = [dict(vars(layer)) for layer in cache.layers]  # keys, values (and a sliding layer's length)
+        layers_of_cache = cache.layers if cache is not None else []
+        prompt = [dict(vars(layer)) for layer in layers_of_cache]  # keys, values (and a sliding layer's length)
         for layer in layers:  # an instance attribute over the class's forward, removed below
             layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
         try:
@@ -101,7 +104,7 @@ class Backend:
         finally:
             for layer in layers:
                 del layer.forward
-            for layer, state in zip(cache.layers, prompt):
+            for layer, state in zip(layers_of_cache, prompt):
                 vars(layer).update(state)
 
     def decoder(self, model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_tokens: int):
