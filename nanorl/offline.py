@@ -136,8 +136,9 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     if distributed.is_main():  # the main process speaks for the run
         (out / "results.json").write_text(json.dumps(result, indent=2))
         shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
+        fmt = ".1%" if shown[0].endswith("acc") else ".3f"  # accuracies as percentages, a loss as it is
         print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
-              ", ".join(f"{k} {first[k]:.1%} -> {last[k]:.1%}" for k in shown) + f"; model saved to {out / 'model'}")
+              ", ".join(f"{k} {first[k]:{fmt}} -> {last[k]:{fmt}}" for k in shown) + f"; model saved to {out / 'model'}")
         sys.stdout.flush()
     logger.close()
     checkpoint.unlock(out)
