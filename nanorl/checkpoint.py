@@ -25,7 +25,7 @@ import torch
 
 from nanorl.config import ConfigError, to_dict
 from nanorl.integrations import distributed
-from nanorl.integrations.lora import merge_saved
+from nanorl.integrations.lora import load_adapter
 
 
 def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None,
@@ -79,11 +79,15 @@ def _write(tmp: Path, model, tok, optim, sched, step: int, extra: dict | None, m
         torch.save(state, tmp / "trainer_state.pt")
 
 
-def save_final(path: Path, model, tok, merge_lora: bool = True) -> None:
-    """The final model: as it is, or for a LoRA run the adapter merged into its base (or the adapter alone)."""
-    if hasattr(model, "peft_config") and merge_lora and distributed.sharded(model):  # FSDP: no rank holds it all
-        save(path, model, tok)  # the adapter, then merged into its base read back from disk by the main process
-        model = merge_saved(path, next(model.parameters()).dtype) if distributed.is_main() else None
+def save_final(path: Path, model, tok, merge_lora: bool = True, load_base=None) -> None:
+    """The final model: as it is, or for a LoRA run the adapter merged into its base (or the adapter alone). Under
+    FSDP no process holds the whole model to merge: the adapter is written, and the main process reads it back
+    onto its CPU with its base (`load_base(name, device, dtype)`, as lora.load_adapter takes it) and merges."""
+    if hasattr(model, "peft_config") and merge_lora and distributed.sharded(model):
+        save(path, model, tok)
+        dtype = next(model.parameters()).dtype
+        model = (load_adapter(path, "cpu", dtype, load_base, trainable=False)[0].merge_and_unload()
+                 if distributed.is_main() else None)
     elif hasattr(model, "peft_config") and merge_lora:
         model = model.merge_and_unload()  # the run is over: the adapters' wrappers are no longer needed
     save(path, model, tok)

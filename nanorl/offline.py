@@ -66,10 +66,11 @@ def describe_rows(cfg: OfflineConfig, train_rows: list, eval_rows: list, kind: s
 
 
 def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger, name: str,
-        normaliser=len, task=None, backend: Backend = AUTO, state: dict | None = None) -> dict:
+        normaliser=len, task=None, backend: Backend = AUTO, state: dict | None = None, load=load_model) -> dict:
     """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens. With a
     `task` (DPO, SFT) each evaluation also measures the greedy accuracy on its held-out prompts. `state`: the
-    trainer's own, saved in every checkpoint beside the optimizer's (DPO: the reference log-probs)."""
+    trainer's own, saved in every checkpoint beside the optimizer's (DPO: the reference log-probs). `load`: how
+    the model's base is read (setup's), for merging a LoRA adapter under FSDP."""
     # ------------------------------------------------------------------ optimizer, resume, first eval
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     per_epoch = -(-len(rows) // cfg.batch_size)  # optimizer steps per epoch: a partial last batch is one too
@@ -130,7 +131,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             save(step + 1)
 
     # ------------------------------------------------------------------ finish
-    checkpoint.save_final(out / "model", model, tok, cfg.merge_lora)
+    checkpoint.save_final(out / "model", model, tok, cfg.merge_lora, load)  # load: the base of a LoRA merge
     wall = time.perf_counter() - t_start
     result = {"steps": total, "wall_s": wall, "before": first, "after": last}
     if distributed.is_main():  # the main process speaks for the run

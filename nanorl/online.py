@@ -240,7 +240,7 @@ def due(step: int, every: int, total: int, at_end: bool) -> bool:
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
-    checkpoint.save_final(out / "model", policy, tok, cfg.merge_lora)
+    checkpoint.save_final(out / "model", policy, tok, cfg.merge_lora, load_model)
     wall = time.perf_counter() - t_start
     result = {"steps": cfg.steps, "wall_s": wall, "before": first, "after": last}
     if distributed.is_main():

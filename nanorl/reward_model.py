@@ -114,4 +114,4 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
                 "eval/margin": margin.mean().item()}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "rm")
+    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "rm", load=load_reward_model)

@@ -5,7 +5,6 @@ size (Hu et al. 2021, arXiv 2106.09685).
     ref = AdapterOff(model)                        # the reference: the same weights with the adapters off
     model, tok = load_adapter(folder, dev, dtype)  # continue from a saved adapter (its base model is read back)
     checkpoint.save_final(folder, model, tok)      # merged: a model any `from_pretrained` loads
-    model = merge_saved(folder)                    # a saved adapter merged into its base (under FSDP)
 
 A saved adapter folder holds peft's adapter_config.json and adapter weights; `base_model_name_or_path` in
 it names the model the adapter was trained on (as it was given to nanorl: an alias, a folder or a hub id).
@@ -60,17 +59,6 @@ def load_adapter(path: str | Path, device, dtype, load_base, trainable: bool = T
     base, tok = load_base(base_name, device, dtype)
     model = peft.PeftModel.from_pretrained(base, str(path), is_trainable=trainable)
     return model.to(device), tok
-
-
-def merge_saved(path: str | Path, dtype=torch.float32):
-    """The adapter saved in `path` merged into its base model, both read from disk onto the CPU: the merged model
-    of a run whose weights are sharded over processes (FSDP), where no process holds the whole model to merge."""
-    from nanorl.models import load_model
-    from nanorl.reward_model import load_reward_model
-
-    task_type = json.loads((Path(path) / "adapter_config.json").read_text()).get("task_type")
-    model, _ = (load_reward_model if task_type == "SEQ_CLS" else load_model)(str(path), "cpu", dtype)
-    return model.merge_and_unload()
 
 
 class AdapterOff(torch.nn.Module):
