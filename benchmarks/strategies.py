@@ -27,18 +27,20 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-REWARD = """def distinct(completions, **kw):  # differs between any model's samples: every step trains
-    return [len(set(c)) / max(len(c), 1) for c in completions]
-"""
-WORKER = """import json, os, resource, sys, torch
-from nanorl.cli import main
-try:
-    main(sys.argv[1:])
-finally:
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    with open(os.environ["PEAK_FILE"] + "." + os.environ.get("RANK", "0"), "w") as f:
-        json.dump({"peak_gib": peak / 2**30, "what": "cuda max_memory_allocated" if cuda else "peak RSS"}, f)
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_memory import REWARD  # noqa: E402  (benchmarks/ is not a package): a reward every step trains on
+from speed import cpu_identity  # noqa: E402
+
+WORKER = """import importlib, json, os, resource, sys, torch
+from nanorl.cli import TRAINERS
+from nanorl.config import parse_args
+module, cls = TRAINERS[sys.argv[1]]  # the command as nanorl.cli runs it, without the CLI's exit under torchrun
+importlib.import_module(module).train(parse_args(cls, sys.argv[2:]))
+cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with open(os.environ["PEAK_FILE"] + "." + os.environ.get("RANK", "0"), "w") as f:
+    json.dump({"peak_gib": peak / 2**30, "what": "cuda max_memory_allocated" if cuda else "peak RSS"}, f)
+sys.stdout.flush(); sys.stderr.flush(); os._exit(0)  # as nanorl.cli does under torchrun (notes/LOG.md, session 18)
 """
 
 
@@ -81,9 +83,7 @@ def main() -> None:
     rows = [run(s, a, out) for s in ("ddp", "fsdp")]
     one, two = (load_file(out / r["run"] / "model" / "model.safetensors") for r in rows)
     diff = max((one[k] - two[k]).abs().max().item() for k in one)
-    device = torch.cuda.get_device_name() if a.device.startswith("cuda") else next(
-        (x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-         if x.startswith("model name")), "cpu")
+    device = torch.cuda.get_device_name() if a.device.startswith("cuda") else cpu_identity()
     lines = [f"{a.model}, {a.nproc} process(es) on {device}, torch {torch.__version__}, {a.steps} steps {a.extra}", "",
              f"| strategy | step (median) | update tokens/s | rollout tokens/s | peak per process ({rows[0]['peak']}) |",
              "|---|---|---|---|---|"]
