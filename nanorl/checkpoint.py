@@ -3,7 +3,7 @@ folder's safety: one run per folder, and a stop on SIGINT / SIGTERM that writes 
 
     out_dir/checkpoint/           latest resumable checkpoint: model + tokenizer + trainer_state.pt (+ critic/ for PPO)
     out_dir/checkpoint-step<N>/   older ones, with keep_last > 1
-    out_dir/model/                the final model
+    out_dir/model/                the final model, with results.json beside it (finish)
     lock(out_dir)                 a second run on the folder is refused while this process lives
     for step in stoppable(range(...), save): ...   # a signal ends the step, saves, raises Interrupted
     resuming = check_resume(cfg, out_dir / "checkpoint")  # --resume checked; a new run drops an old checkpoint
@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -93,6 +94,21 @@ def save_final(path: Path, model, tok, merge_lora: bool = True, load_base=None) 
     save(path, model, tok)
 
 
+def finish(out: Path, model, tok, cfg, load, logger, t_start: float, steps: int, first: dict, last: dict,
+           summary) -> dict:
+    """The end of every run: the final model (save_final; `load` reads a LoRA merge's base), results.json (before /
+    after) and the line summary(wall seconds) from the main process; then the run folder is closed and unlocked."""
+    save_final(Path(out) / "model", model, tok, cfg.merge_lora, load)
+    result = {"steps": steps, "wall_s": time.perf_counter() - t_start, "before": first, "after": last}
+    if distributed.is_main():
+        (Path(out) / "results.json").write_text(json.dumps(result, indent=2))
+        print(summary(result["wall_s"]), flush=True)
+    logger.close()
+    unlock(out)
+    distributed.finish()
+    return result
+
+
 def load_state(path: Path, opt, sched, model=None) -> dict:
     """Restore optimizer, schedule and RNG from `path`; returns the saved state (with 'step'). FSDP: give `model`."""
     state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
@@ -130,13 +146,15 @@ def check_resume(cfg, ckpt: Path) -> bool:
     return False
 
 
-def first_eval(resuming: bool, out: Path, evaluate_now) -> tuple[dict, dict]:
+def first_eval(resuming: bool, out: Path, evaluate_at, start: int, total: int) -> tuple[dict, dict]:
     """The "before" numbers, the first evaluation of the run, and the latest ones: on resume both read back from
-    eval.jsonl (a run stopped in its last step has no step left to evaluate after), else evaluated now."""
+    eval.jsonl, else evaluate_at(start) now. A resumed run with no step left (stopped in its last step, or given
+    fewer steps) whose latest evaluation is older than its weights evaluates them now: that is its "after"."""
     prior = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()] if resuming and \
         distributed.is_main() else []
     prior = distributed.gather_objects([prior])[0]  # the main process's reading (it rewinds the file) on every rank
-    first, last = (prior[0], prior[-1]) if prior else [evaluate_now()] * 2
+    first, last = (prior[0], prior[-1]) if prior else [evaluate_at(start)] * 2
+    last = evaluate_at(start) if prior and start >= total and last.get("step", start) < start else last
     return tuple({k: v for k, v in e.items() if k != "step"} for e in (first, last))
 
 

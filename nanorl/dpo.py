@@ -19,6 +19,7 @@ import torch
 
 from nanorl.config import ConfigError, DPOConfig
 from nanorl.data import chunks, collate
+from nanorl.integrations import distributed
 from nanorl.losses import dpo_loss
 from nanorl.logprobs import AUTO, sequence_logprobs
 from nanorl.offline import describe_rows, fit, setup
@@ -34,12 +35,11 @@ def pair_batch(rows, pad_id, device):
 
 @torch.no_grad()
 def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torch.Tensor:
-    """(n, 2): summed log-probs of the chosen and the rejected reply of each row."""
-    out = []
-    for part in chunks(rows, micro):
-        logp, _ = sequence_logprobs(model, pair_batch(part, pad_id, device), backend=backend)  # (2b,)
-        out.append(logp.view(2, -1).T.cpu())
-    return torch.cat(out)
+    """(n, 2): summed log-probs of the chosen and the rejected reply of each row (torchrun: each rank its share)."""
+    def part_logprobs(part):  # (b, 2)
+        return sequence_logprobs(model, pair_batch(part, pad_id, device), backend=backend)[0].view(2, -1).T.cpu()
+
+    return torch.cat(distributed.spread(model, chunks(rows, micro), part_logprobs))
 
 
 def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data

@@ -105,9 +105,9 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
                                 cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
     start = checkpoint.load_state(ckpt, opt, sched, policy)["step"] if resuming else 0
-    if resuming:
-        logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
-    first, last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    logger.rewind(start)  # resumed: lines the stopped run wrote after its checkpoint are redone below
+    first, last = checkpoint.first_eval(resuming, out, lambda at: run_eval(sampler, tok, task, cfg, logger, out, at),
+                                       start, cfg.steps)
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, cfg.algo)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -93,7 +92,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     def save(done: int) -> None:  # a resumable checkpoint after step `done`
         checkpoint.save(ckpt, model, tok, opt, sched, done, state, keep_last=cfg.keep_last)
 
-    first, last = checkpoint.first_eval(cfg.resume, out, lambda: evaluate_and_log(0))
+    first, last = checkpoint.first_eval(cfg.resume, out, evaluate_and_log, start, total)
     bar = tqdm(range(start, total), initial=start, total=total, desc=name, dynamic_ncols=True,
                disable=None if distributed.is_main() else True)
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
@@ -131,17 +130,8 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
             save(step + 1)
 
     # ------------------------------------------------------------------ finish
-    checkpoint.save_final(out / "model", model, tok, cfg.merge_lora, load)  # load: the base of a LoRA merge
-    wall = time.perf_counter() - t_start
-    result = {"steps": total, "wall_s": wall, "before": first, "after": last}
-    if distributed.is_main():  # the main process speaks for the run
-        (out / "results.json").write_text(json.dumps(result, indent=2))
-        shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
-        fmt = ".1%" if shown[0].endswith("acc") else ".3f"  # accuracies as percentages, a loss as it is
-        print(f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " +
-              ", ".join(f"{k} {first[k]:{fmt}} -> {last[k]:{fmt}}" for k in shown) + f"; model saved to {out / 'model'}")
-        sys.stdout.flush()
-    logger.close()
-    checkpoint.unlock(out)
-    distributed.finish()
-    return result
+    shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
+    fmt = ".1%" if shown[0].endswith("acc") else ".3f"  # accuracies as percentages, a loss as it is
+    return checkpoint.finish(out, model, tok, cfg, load, logger, t_start, total, first, last, lambda wall: (
+        f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " + ", ".join(
+            f"{k} {first[k]:{fmt}} -> {last[k]:{fmt}}" for k in shown) + f"; model saved to {out / 'model'}"))

@@ -240,15 +240,7 @@ def due(step: int, every: int, total: int, at_end: bool) -> bool:
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
-    checkpoint.save_final(out / "model", policy, tok, cfg.merge_lora, load_model)
-    wall = time.perf_counter() - t_start
-    result = {"steps": cfg.steps, "wall_s": wall, "before": first, "after": last}
-    if distributed.is_main():
-        (out / "results.json").write_text(json.dumps(result, indent=2))
-        before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
-        print(f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
-              f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}", flush=True)
-    logger.close()
-    checkpoint.unlock(out)
-    distributed.finish()
-    return result
+    before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
+    return checkpoint.finish(out, policy, tok, cfg, load_model, logger, t_start, cfg.steps, first, last, lambda wall: (
+        f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
+        f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}"))

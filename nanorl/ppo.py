@@ -78,7 +78,8 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         critic_sched.load_state_dict(state["critic_scheduler"])
         start = state["step"]
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
-    first, last = checkpoint.first_eval(resuming, out, lambda: run_eval(sampler, tok, task, cfg, logger, out, start))
+    first, last = checkpoint.first_eval(resuming, out, lambda at: run_eval(sampler, tok, task, cfg, logger, out, at),
+                                       start, cfg.steps)
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     bar = progress(start, cfg, "ppo")
 

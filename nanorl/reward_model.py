@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from nanorl.config import RMConfig
 from nanorl.backends import Backend
 from nanorl.data import chunks, left_pad
+from nanorl.integrations import distributed
 from nanorl.integrations.hub import is_sequence_classifier
 from nanorl.integrations.lora import is_adapter, load_adapter
 from nanorl.logprobs import AUTO
@@ -109,7 +110,8 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
 
     @torch.no_grad()
     def run_eval() -> dict:
-        margin = torch.cat([margins(part) for part in chunks(eval_rows, cfg.micro_batch_size)])
+        margin = torch.cat(distributed.spread(model, chunks(eval_rows, cfg.micro_batch_size),  # a share per rank
+                                              lambda part: margins(part).cpu()))
         return {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
                 "eval/margin": margin.mean().item()}
 

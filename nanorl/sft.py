@@ -16,6 +16,7 @@ import torch
 
 from nanorl.config import SFTConfig
 from nanorl.data import chunks, collate
+from nanorl.integrations import distributed
 from nanorl.logprobs import AUTO, token_logprobs
 from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks import get_task
@@ -47,8 +48,12 @@ def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from P
 
     @torch.no_grad()
     def run_eval() -> dict:
-        parts = [reply_nll(model, part, pad, device, backend) for part in chunks(eval_rows, cfg.micro_batch_size)]
-        return {"eval/nll_per_token": sum(nll.item() for nll, _ in parts) / sum(n for _, n in parts)}
+        def nll(part):  # (summed nll, tokens) of a micro-batch; torchrun: each rank its share of them
+            total, n = reply_nll(model, part, pad, device, backend)
+            return total.item(), n
+
+        parts = distributed.spread(model, chunks(eval_rows, cfg.micro_batch_size), nll)
+        return {"eval/nll_per_token": sum(n for n, _ in parts) / sum(c for _, c in parts)}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "sft",

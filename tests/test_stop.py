@@ -120,3 +120,23 @@ def test_a_run_stopped_in_its_last_step_reports_its_final_evaluation_on_resume(t
     final = {k: v for k, v in evals[-1].items() if k != "step"}
     assert result["after"] == final and json.loads((out / "results.json").read_text())["after"] == final
     assert result["before"] == {k: v for k, v in evals[0].items() if k != "step"}
+
+
+def test_a_resume_with_no_step_left_evaluates_weights_newer_than_its_last_evaluation(tmp_path):
+    """Evaluations at steps 0, 3 and 5, a checkpoint after step 4; resumed with --steps 4 nothing is left to train,
+    and the latest evaluation (step 3) is older than the weights: the run evaluates them (step 4) as its "after"."""
+    from nanorl.config import GRPOConfig, parse_args
+    from nanorl.grpo import train
+
+    out = tmp_path / "run"
+    (tmp_path / "r.py").write_text("def digits(completions, **kw):\n"
+                                   "    return [sum(c.isdigit() for c in s) / max(len(s), 1) for s in completions]\n")
+    args = ["--model", "tiny", "--report-to", "none", "--out-dir", str(out), "--eval-every", "3", "--lr", "3e-2",
+            "--save-every", "1", "--reward", f"{tmp_path / 'r.py'}:digits", "--max-new-tokens", "8"]
+    train(parse_args(GRPOConfig, args + ["--steps", "5"]))
+    assert [e["step"] for e in lines(out / "eval.jsonl")] == [0, 3, 5]
+    assert (out / "checkpoint" / "step").read_text() == "4"
+    result = train(parse_args(GRPOConfig, args + ["--steps", "4", "--resume", "true"]))
+    evals = lines(out / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 3, 4]  # the step-5 line rewound, step 4 evaluated (before: 0, 3)
+    assert result["after"] == {k: v for k, v in evals[-1].items() if k != "step"}

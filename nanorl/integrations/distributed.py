@@ -210,6 +210,14 @@ def even(model, batches: list, filler) -> list[tuple]:
     return [(b, 1.0) for b in batches] + [(filler, 0.0)] * (count - len(batches))
 
 
+def spread(model, parts: list, fn) -> list:
+    """[fn(part) for part in parts] (e.g. the held-out micro-batches), each rank computing only its contiguous
+    share of them, -> every result, in order, on every rank (fn's results: CPU tensors or numbers). Under FSDP a
+    rank with fewer parts repeats parts[0] (every rank runs as many forwards) and drops those results."""
+    mine = parts[share(len(parts))]
+    return gather_objects([fn(part) for part, _ in even(model, mine, parts[0] if parts else None)][:len(mine)])
+
+
 def full_state_dict(model) -> dict | None:
     """FSDP: the full weights, gathered on every rank (a collective) and kept on rank 0's CPU, without the copies
     of tied weights (as save_pretrained writes them); under LoRA only the trained ones (the adapters, which is
