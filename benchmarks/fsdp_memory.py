@@ -5,13 +5,15 @@ architecture and size with random weights (built from its config: no download).
     python benchmarks/fsdp_memory.py                          # 2 processes; writes results/fsdp_memory/
     python benchmarks/fsdp_memory.py --nproc 2 --steps 2 --out results/fsdp_memory
     python benchmarks/fsdp_memory.py --runs ddp+lora,fsdp+lora,ddp+ckpt,fsdp+ckpt   # LoRA, gradient checkpointing
+    python benchmarks/fsdp_memory.py --runs ddp+sft,fsdp+sft                       # nanorl sft
 
 Each run is `torchrun --nproc_per_node N -m nanorl.cli train` on the plain PyTorch path (fsdp takes it; ddp is
 given it so the two differ only in the strategy), a small batch (the states, not activations, are what FSDP
 shards; the reward is the share of distinct characters, so a random model's samples differ), with and without
 a resumable checkpoint after step 1 (`+save`; under fsdp it gathers the full weights onto the first process; each
 process writes its own shards of the AdamW state), with LoRA adapters of rank 16 on every linear projection
-(`+lora`) and with gradient checkpointing (`+ckpt`). Every worker runs under `/usr/bin/time -v`: its "Maximum
+(`+lora`), with gradient checkpointing (`+ckpt`), and as `nanorl sft` (`+sft`: an offline trainer, which gathers
+no full weights for a rollout; with no task it does not evaluate by sampling either). Every worker runs under `/usr/bin/time -v`: its "Maximum
 resident set size" is that process's peak. The final weights of runs that differ only in the strategy are
 compared as a check.
 """
@@ -39,16 +41,22 @@ REWARD = """def distinct(completions, **kw):  # differs between a random model's
 
 
 def run(folder: str, name: str, a, out: Path) -> dict:
-    """One run: `name` is the strategy with any of +save, +lora, +ckpt, +adapter (LoRA's final model unmerged)."""
+    """One run: `name` is the strategy with any of +save, +lora, +ckpt, +adapter (LoRA's final model unmerged),
+    +sft (`nanorl sft` on 5 x steps rows instead of `nanorl train`)."""
     strategy, *more = name.split("+")
     rss = out / f"{name}.rss"
     worker = f'exec /usr/bin/time -v -o "{rss}.$RANK" {sys.executable} -m nanorl.cli "$@"'
-    args = ["train", "--model", folder, "--strategy", strategy, "--backend", "torch", "--steps", str(a.steps),
-            "--prompts-per-step", "2", "--samples-per-prompt", "4", "--max-new-tokens", "16", "--eval-size", "2",
-            "--micro-batch-size", "4", "--save-every", "1" if "save" in more else "0", "--report-to", "none",
-            "--reward", f"{out / 'reward.py'}:distinct", "--out-dir", str(out / name),
-            *(["--lora-r", "16"] if "lora" in more else []), *(["--grad-checkpointing", "true"] if "ckpt" in more else []),
-            *(["--merge-lora", "false"] if "adapter" in more else [])]
+    common = ["--model", folder, "--strategy", strategy, "--backend", "torch", "--report-to", "none",
+              "--save-every", "1" if "save" in more else "0", "--out-dir", str(out / name),
+              *(["--lora-r", "16"] if "lora" in more else []), *(["--grad-checkpointing", "true"] if "ckpt" in more else []),
+              *(["--merge-lora", "false"] if "adapter" in more else [])]
+    if "sft" in more:  # offline: no rollout and (no task) no evaluation gathers the full weights
+        args = ["sft", *common, "--data", str(out / "rows.jsonl"), "--task", "", "--batch-size", "4",
+                "--micro-batch-size", "2"]
+    else:
+        args = ["train", *common, "--steps", str(a.steps), "--prompts-per-step", "2", "--samples-per-prompt", "4",
+                "--max-new-tokens", "16", "--eval-size", "2", "--micro-batch-size", "4",
+                "--reward", f"{out / 'reward.py'}:distinct"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
            "bash", "-c", worker, "bash", *args]
     t = time.perf_counter()
@@ -71,11 +79,14 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="results/fsdp_memory")
-    p.add_argument("--runs", default="ddp,ddp+save,fsdp,fsdp+save", help="comma-separated: strategy[+save][+lora][+ckpt][+adapter]")
+    p.add_argument("--runs", default="ddp,ddp+save,fsdp,fsdp+save", help="comma-separated: strategy[+save][+lora][+ckpt][+adapter][+sft]")
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "reward.py").write_text(REWARD)
+    with open(out / "rows.jsonl", "w") as f:  # +sft: a.steps batches of 4 rows (a fifth more are held out)
+        f.writelines(json.dumps({"prompt": f"What is {i} + {i}?", "completion": str(2 * i)}) + "\n"
+                     for i in range(5 * a.steps))
     folder = qwen_shaped_folder("smollm2-135m", QWEN_0_5B)
     params = sum(v.numel() for v in load_file(Path(folder) / "model.safetensors").values())
     rows = []

@@ -47,7 +47,7 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     out, ckpt = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     checkpoint.lock(out)  # one run per folder, before anything in it is read or removed
     resuming = checkpoint.check_resume(cfg, ckpt)  # refuses a resume that cannot continue this run
-    model, tok = load(str(ckpt) if resuming else cfg.model, device, dtype)  # a LoRA checkpoint: base + adapter
+    model, tok = distributed.load(load, str(ckpt) if resuming else cfg.model, device, dtype, cfg)  # LoRA: base + adapter
     # LoRA when cfg.lora_r > 0; eval mode, no dropout: the reference pass and the update see the same function
     model = distributed.shard(trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS"), cfg).eval()
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)

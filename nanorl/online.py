@@ -97,19 +97,19 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
             raise ConfigError("a model given from Python needs its tokenizer: train(cfg, model=..., tokenizer=...)")
         policy, tok = model.to(device), check_tokenizer(tokenizer, cfg.model)
     else:
-        policy, tok = load_model(start_from, device, dtype)
-    plain = model is not None and not hasattr(model, "peft_config") and cfg.kl_coef > 0
-    start = copy.deepcopy(model) if plain else None  # the reference: the model given, before it trains
+        policy, tok = distributed.load(load_model, start_from, device, dtype, cfg)  # FSDP: the main process reads
+    # the reference: a model given from Python (not an adapter), copied before it trains
+    start = copy.deepcopy(model) if model is not None and cfg.kl_coef > 0 and not hasattr(model, "peft_config") else None
     policy = distributed.shard(trainable(policy, cfg), cfg).eval()  # LoRA adapters when cfg.lora_r > 0; FSDP
     ref = rm = None
     if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model) and start is None:
         ref = AdapterOff(policy)  # the starting model is the base: the adapters off, no second copy
     elif cfg.kl_coef > 0:
-        ref = start if start is not None else load_model(cfg.model, device, dtype)[0]
+        ref = start if start is not None else distributed.load(load_model, cfg.model, device, dtype, cfg)[0]
         ref = distributed.shard(ref.eval().requires_grad_(False), cfg)
     if cfg.reward_model:
-        model, rm_tok = load_reward_model(cfg.reward_model, device, dtype)
-        rm = (model.eval().requires_grad_(False), rm_tok)
+        model, rm_tok = distributed.load(load_reward_model, cfg.reward_model, device, dtype, cfg)
+        rm = (distributed.shard(model.eval().requires_grad_(False), cfg), rm_tok)  # FSDP: sharded like the policy
     return policy, tok, ref, rm
 
 

@@ -59,7 +59,8 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     check_context(cfg, policy, tok, task)
-    critic, _ = load_reward_model(str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model), device, dtype)
+    critic, _ = distributed.load(load_reward_model, str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model),
+                                 device, dtype, cfg)
     critic = distributed.shard(trainable(critic, cfg, "SEQ_CLS"), cfg).eval()  # LoRA too when lora_r > 0; FSDP
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
     describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},

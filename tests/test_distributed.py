@@ -218,3 +218,80 @@ def test_fsdp_in_one_process_is_refused_naming_the_key(tmp_path, capsys):
     assert e.value.code == 2 and "config key 'strategy': fsdp shards the model over torchrun's processes" in \
         capsys.readouterr().err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+LOADER = '''
+import json, sys, torch
+from types import SimpleNamespace
+from nanorl.integrations import distributed
+from nanorl.models import load_model
+
+cfg = SimpleNamespace(strategy="fsdp")
+distributed.init(torch.device("cpu"), cfg)
+model, tok = distributed.load(load_model, "tiny", "cpu", torch.float32, cfg)
+meta = any(p.is_meta for p in model.parameters())
+model = distributed.shard(model, cfg).eval()
+ids = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18], [19, 20, 21, 22]])
+seen = []
+
+
+def last_logits(part):  # a forward under FSDP: every rank must run as many
+    seen.append(part)
+    with torch.no_grad():
+        return model(input_ids=ids[part:part + 1]).logits[0, -1].tolist()
+
+
+out = distributed.spread(model, list(range(5)), last_logits)
+try:
+    distributed.load(load_model, sys.argv[1], "cpu", torch.float32, cfg)  # a folder that holds no model
+except ValueError as e:
+    error = str(e)
+json.dump({"meta": meta, "seen": seen, "out": out, "error": error, "tok": tok.eos_token_id},
+          open(f"{sys.argv[1]}/{distributed.rank()}.json", "w"))
+distributed.finish()
+'''
+
+
+def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(tmp_path):
+    """Under FSDP only the main process reads the model; the other gets its skeleton on the meta device and its
+    shards from the main process, and computes what one process would. A load that fails on the main process
+    fails on every rank with its message (none waits). `spread`: rank 0 computes parts 0-1 (and repeats part 0 to
+    pair its FSDP forwards with rank 1's three), rank 1 parts 2-4, and both get all five results in order."""
+    from nanorl.models import load_model
+
+    (tmp_path / "load.py").write_text(LOADER)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          str(tmp_path / "load.py"), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env=ENV)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    assert [r["meta"] for r in ranks] == [False, True]
+    assert [r["seen"] for r in ranks] == [[0, 1, 0], [2, 3, 4]]
+    model, tok = load_model("tiny")
+    ids = torch.arange(3, 23).view(5, 4)
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[:, -1]  # (5, V)
+    for r in ranks:
+        assert torch.allclose(torch.tensor(r["out"]), want, atol=1e-5)
+        assert f"model {str(tmp_path)!r}: cannot be loaded" in r["error"] and r["tok"] == tok.eos_token_id
+
+
+def test_fsdp_shards_a_frozen_reward_model_and_trains_as_one_process(tmp_path):
+    """GRPO with a reward model beside the rule reward under fsdp: the reward model is loaded by the main process
+    and sharded like the policy (each rank scores its own rows, as many as the others: the per-layer gathers
+    pair up), and the run takes the same steps as one process. Micro-batches of 4 rows: each rank's 16 rows chunk
+    as one process's 32 do, so the reward model sees the same padded shapes (else scores differ by float rounding,
+    2e-7, and the weights by 5e-6)."""
+    from nanorl.reward_model import load_reward_model
+
+    rm, tok = load_reward_model("tiny", "cpu")
+    torch.nn.init.normal_(rm.score.weight, std=0.5, generator=torch.Generator().manual_seed(0))  # scores that differ
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    args = GRPO + ["--reward-model", str(tmp_path / "rm"), "--rm-weight", "0.5", "--micro-batch-size", "4"]
+    out = run(tmp_path, "two", args + ["--strategy", "fsdp"], 2)
+    run(tmp_path, "one", args + ["--backend", "torch"], 1)
+    assert_same_run(tmp_path, ["model"], 3e-6)  # 1.1e-6 seen: larger rewards, so larger sums in another order
+    rm_means = [[r["reward/rm_mean"] for r in metrics(tmp_path / run)] for run in ("one", "two")]
+    assert rm_means[0] == rm_means[1] and 0 not in rm_means[0]  # the sharded reward model scores bit for bit
+    assert "reward model" in out.stdout

@@ -23,6 +23,7 @@ gradients before the optimizer step is what DDP's gradient accumulation (no_sync
 
 from __future__ import annotations
 
+import copy
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,6 +145,35 @@ def all_reduce_grads(model) -> None:
 # ---------------------------------------------------------------------------- FSDP2 (strategy fsdp)
 
 
+def load(load_fn, name: str, device, dtype, cfg):
+    """load_fn(name, device, dtype) -> (model, tokenizer), the way FSDP wants it: onto the CPU (`shard` moves each
+    unit to the device as it cuts it, so no device ever holds the whole model), and with several processes by the
+    main process alone: the others get the model's skeleton on the meta device (no memory, no file read) and then
+    their shards from the main process (`shard`). One copy of the weights per machine instead of one per process.
+    Without FSDP: load_fn as it is."""
+    if getattr(cfg, "strategy", "ddp") != "fsdp" or world_size() == 1:
+        return load_fn(name, "cpu" if getattr(cfg, "strategy", "ddp") == "fsdp" else device, dtype)
+    box: list = [None]
+    if is_main():
+        try:
+            loaded = load_fn(name, "cpu", dtype)
+            box = [(_meta_copy(loaded[0]), loaded[1])]
+        except Exception as e:  # the others wait for the skeleton: they raise the same error
+            box = [e]
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return loaded if is_main() else box[0]
+
+
+def _meta_copy(model):
+    """The model with every parameter and buffer on the meta device: its structure and config, no weights."""
+    memo = {id(t): torch.nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
+            if isinstance(t, torch.nn.Parameter) else torch.empty_like(t, device="meta")
+            for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
 def sharded(model) -> bool:
     """Whether `model` is sharded by FSDP2 (`shard`)."""
     return isinstance(model, FSDPModule)
@@ -159,20 +189,30 @@ def shard(model, cfg):
     peft's wrapper the same, with the frozen base and the adapters sharded alike. Otherwise the model as it is."""
     if model is None or getattr(cfg, "strategy", "ddp") != "fsdp":
         return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    full = model.state_dict() if is_main() else {}  # the weights (`load`: the main process alone holds them)
+    mesh = init_device_mesh(_comm_device().type, (world_size(),))  # the process group's devices, not a guess
     names = set(getattr(model, "_no_split_modules", None) or [])
     for layer in [m for m in model.modules() if type(m).__name__ in names]:
-        fully_shard(layer, reshard_after_forward=True)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
     if hasattr(inner, "score"):  # a value head (reward model, critic): nanorl runs backbone and head one by one
-        fully_shard(inner.base_model, reshard_after_forward=True)
-        fully_shard(inner.score, reshard_after_forward=True)
-    fully_shard(model, reshard_after_forward=True)
+        fully_shard(inner.base_model, mesh=mesh, reshard_after_forward=True)
+        fully_shard(inner.score, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
     for m in model.modules():
         if isinstance(m, FSDPModule):  # a plain sum (gloo has no PREMUL_SUM for FSDP's scaled reductions)
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
+    if world_size() > 1:  # every rank's shards from the main process's weights (a skeleton's are allocated first)
+        if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            model.to_empty(device=_comm_device())
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        for buffer in model.buffers():  # e.g. rotary frequencies (not in a state dict): unsharded, sent whole
+            dist.broadcast(buffer, src=0)
     return model
 
 
