@@ -132,6 +132,16 @@ OFFLINE = ["--data", "pairs.jsonl", "--batch-size", "9", "--micro-batch-size", "
            "--max-new-tokens", "8"]  # 24 rows: batches of 9, 9, 6; 4 and 5 rows per rank, so 2 and 3 micro-batches
 
 
+def stopped_after_step_2(src, dst) -> None:
+    """dst: the run folder src would have been had it stopped after its checkpoint of step 2."""
+    shutil.copytree(src / "checkpoint", dst / "checkpoint")
+    config = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "out_dir": str(dst)}))
+    for name in ("metrics", "eval", "samples"):
+        lines = (src / f"{name}.jsonl").read_text().splitlines(keepends=True)
+        (dst / f"{name}.jsonl").write_text("".join(x for x in lines if json.loads(x)["step"] <= 2))
+
+
 @pytest.mark.parametrize("case", ["dpo", "sft", "rm", "ppo"])
 def test_fsdp_trains_the_other_trainers_as_one_process(tmp_path, case):
     """strategy fsdp for DPO, SFT, the reward model with LoRA (its backbone and scalar head each an FSDP unit:
@@ -146,12 +156,7 @@ def test_fsdp_trains_the_other_trainers_as_one_process(tmp_path, case):
     assert_same_run(tmp_path, models, 1e-5 if case == "ppo" else 1e-6)
     assert out.stdout.count(" done") == 1 and out.stdout.count("step 0 eval") == 1  # the main process speaks
 
-    shutil.copytree(tmp_path / "two" / "checkpoint", tmp_path / "again" / "checkpoint")  # stopped after step 2
-    config = json.loads((tmp_path / "two" / "config.json").read_text())
-    (tmp_path / "again" / "config.json").write_text(json.dumps({**config, "out_dir": str(tmp_path / "again")}))
-    for name in ("metrics", "eval", "samples"):
-        lines = (tmp_path / "two" / f"{name}.jsonl").read_text().splitlines(keepends=True)
-        (tmp_path / "again" / f"{name}.jsonl").write_text("".join(x for x in lines if json.loads(x)["step"] <= 2))
+    stopped_after_step_2(tmp_path / "two", tmp_path / "again")
     run(tmp_path, "again", args + ["--strategy", "fsdp", "--resume", "true"], 2)
     assert metrics(tmp_path / "again") == metrics(tmp_path / "two")
     for model in models:
@@ -295,3 +300,19 @@ def test_fsdp_shards_a_frozen_reward_model_and_trains_as_one_process(tmp_path):
     rm_means = [[r["reward/rm_mean"] for r in metrics(tmp_path / run)] for run in ("one", "two")]
     assert rm_means[0] == rm_means[1] and 0 not in rm_means[0]  # the sharded reward model scores bit for bit
     assert "reward model" in out.stdout
+
+
+@pytest.mark.parametrize("case", ["ddp-to-fsdp", "fsdp-to-one"])
+def test_a_checkpoint_resumes_under_the_other_strategy(tmp_path, case):
+    """A ddp checkpoint (AdamW's whole state, keyed by position) resumes under fsdp: renamed by parameter, each
+    rank keeps its shards. An fsdp checkpoint (the shards, written by torch.distributed.checkpoint) resumes in
+    one plain process, whole. Either ends where the uninterrupted run ends: the same metrics (rel 1e-5), weights
+    within 1e-6 (the sums of FSDP's reduce-scatter run in another order)."""
+    first, then = case.split("-to-")
+    args = CASES["offpolicy"] + ["--save-every", "2", "--backend", "torch"]
+    run(tmp_path, "one", args + ["--strategy", first], 2)  # uninterrupted; its checkpoint of step 2 stays
+    stopped_after_step_2(tmp_path / "one", tmp_path / "two")
+    resumed = run(tmp_path, "two", args + ["--resume", "true"] + (["--strategy", "fsdp"] if then == "fsdp" else []),
+                  2 if then == "fsdp" else 1)
+    assert "differ from the run being resumed" not in resumed.stderr
+    assert_same_run(tmp_path, ["model"], 1e-6)

@@ -288,15 +288,25 @@ def optimizer_state(model, opt, folder):
 
 
 def load_optimizer_state(model, opt, state: dict, checkpoint) -> None:
-    """Restore what `optimizer_state` saved in the folder `checkpoint`: under FSDP each rank reads its shards."""
+    """Restore what `optimizer_state` saved in the folder `checkpoint`, under either strategy and at any number of
+    processes. FSDP's shards (a folder) are read by torch.distributed.checkpoint into this process's layout:
+    its shards under FSDP, the whole state otherwise. A whole state (one process's, or ddp's) is keyed by
+    position: under FSDP it is renamed by parameter and each rank keeps its shards of it."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    if "sharded" in state:
+        import torch.distributed.checkpoint as dcp
+
+        shards = {"optimizer": get_optimizer_state_dict(model, opt)}  # this process's layout, filled from the files
+        dcp.load(shards, checkpoint_id=Path(checkpoint) / state["sharded"])
+        return set_optimizer_state_dict(model, opt, shards["optimizer"])
     if not sharded(model):
         return opt.load_state_dict(state)
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-    shards = {"optimizer": get_optimizer_state_dict(model, opt)}  # this rank's layout, filled in from the files
-    dcp.load(shards, checkpoint_id=Path(checkpoint) / state["sharded"])
-    set_optimizer_state_dict(model, opt, shards["optimizer"])
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (make_optimizer)
+    whole = {"state": {names[i]: v for i, v in state["state"].items()},
+             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, opt, whole, options=StateDictOptions(full_state_dict=True))
 
 
 def finish() -> None:
