@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -89,16 +90,21 @@ def main() -> None:
                      for i in range(5 * a.steps))
     folder = qwen_shaped_folder("smollm2-135m", QWEN_0_5B)
     params = sum(v.numel() for v in load_file(Path(folder) / "model.safetensors").values())
-    rows = []
-    for name in a.runs.split(","):
-        rows.append(run(folder, name, a, out))
-        print(json.dumps(rows[-1]), flush=True)
-    diffs = {}  # fsdp's final weights against ddp's with the same options
-    for name in [r["run"] for r in rows if r["run"].startswith("fsdp")]:
-        twin = "ddp" + name[len("fsdp"):]
-        if twin in [r["run"] for r in rows]:
-            w = [load_file(out / n / "model" / "model.safetensors") for n in (twin, name)]
-            diffs[f"{twin} vs {name}"] = max((w[0][k] - w[1][k]).abs().max().item() for k in w[0])
+    rows, diffs = [], {}  # diffs: fsdp's final weights against ddp's with the same options
+    try:
+        for name in a.runs.split(","):
+            rows.append(run(folder, name, a, out))
+            print(json.dumps(rows[-1]), flush=True)
+        for name in [r["run"] for r in rows if r["run"].startswith("fsdp")]:
+            twin = "ddp" + name[len("fsdp"):]
+            if twin in [r["run"] for r in rows]:
+                w = [load_file(out / n / "model" / "model.safetensors") for n in (twin, name)]
+                diffs[f"{twin} vs {name}"] = max((w[0][k] - w[1][k]).abs().max().item() for k in w[0])
+    finally:  # 2 GiB per model folder: the random model and every run's weights go, the logs stay
+        shutil.rmtree(folder, ignore_errors=True)
+        for name in a.runs.split(","):
+            for weights in ("model", "checkpoint"):
+                shutil.rmtree(out / name / weights, ignore_errors=True)
     cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
                 if x.startswith("model name")), "?")
     result = {"model": "qwen2.5-0.5b-shaped (random weights)", "params": params, "nproc": a.nproc,
