@@ -10,7 +10,9 @@ group, FSDP2's gathers and reduce-scatters on CUDA, the sharded checkpoint writt
 torch.distributed.checkpoint) and what FSDP costs in time there; the memory saving needs N > 1 devices
 (benchmarks/fsdp_memory.py measures it on CPU processes). The reward is the share of distinct characters, so
 every step trains whatever the model. Each worker reports its peak: CUDA's
-max_memory_allocated on a GPU, the process's peak resident set on a CPU.
+max_memory_allocated on a GPU, the process's peak resident set on a CPU. On a GPU the dtype is bf16-mixed: ddp
+keeps fp32 weights under autocast while fsdp gathers them in bf16 (MixedPrecisionPolicy), so there the final
+weights differ by bf16 rounding (about 1e-2 after a few steps), not by float rounding as on the CPU.
 """
 
 from __future__ import annotations

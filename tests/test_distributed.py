@@ -247,11 +247,16 @@ def last_logits(part):  # a forward under FSDP: every rank must run as many
 
 
 out = distributed.spread(model, list(range(5)), last_logits)
+gathered = {}  # the dtype of the weights gathered for a pass: fp32, and bf16 under bf16-mixed (MixedPrecisionPolicy)
+for dtype in ("float32", "bf16-mixed"):
+    other = distributed.shard(load_model("tiny")[0], SimpleNamespace(strategy="fsdp", dtype=dtype))
+    with distributed.full_weights(other):
+        gathered[dtype] = str(next(other.parameters()).dtype)
 try:
     distributed.load(load_model, sys.argv[1], "cpu", torch.float32, cfg)  # a folder that holds no model
 except ValueError as e:
     error = str(e)
-json.dump({"meta": meta, "seen": seen, "out": out, "error": error, "tok": tok.eos_token_id},
+json.dump({"meta": meta, "seen": seen, "out": out, "error": error, "tok": tok.eos_token_id, "gathered": gathered},
           open(f"{sys.argv[1]}/{distributed.rank()}.json", "w"))
 distributed.finish()
 '''
@@ -261,7 +266,8 @@ def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(
     """Under FSDP only the main process reads the model; the other gets its skeleton on the meta device and its
     shards from the main process, and computes what one process would. A load that fails on the main process
     fails on every rank with its message (none waits). `spread`: rank 0 computes parts 0-1 (and repeats part 0 to
-    pair its FSDP forwards with rank 1's three), rank 1 parts 2-4, and both get all five results in order."""
+    pair its FSDP forwards with rank 1's three), rank 1 parts 2-4, and both get all five results in order. With
+    dtype bf16-mixed the gathered weights are bf16 (the shards stay fp32)."""
     from nanorl.models import load_model
 
     (tmp_path / "load.py").write_text(LOADER)
@@ -279,6 +285,7 @@ def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(
     for r in ranks:
         assert torch.allclose(torch.tensor(r["out"]), want, atol=1e-5)
         assert f"model {str(tmp_path)!r}: cannot be loaded" in r["error"] and r["tok"] == tok.eos_token_id
+        assert r["gathered"] == {"float32": "torch.float32", "bf16-mixed": "torch.bfloat16"}
 
 
 def test_fsdp_shards_a_frozen_reward_model_and_trains_as_one_process(tmp_path):
@@ -315,4 +322,14 @@ def test_a_checkpoint_resumes_under_the_other_strategy(tmp_path, case):
     resumed = run(tmp_path, "two", args + ["--resume", "true"] + (["--strategy", "fsdp"] if then == "fsdp" else []),
                   2 if then == "fsdp" else 1)
     assert "differ from the run being resumed" not in resumed.stderr
+    assert_same_run(tmp_path, ["model"], 1e-6)
+
+
+def test_fsdp_in_bf16_mixed_trains_in_two_processes_as_in_one(tmp_path):
+    """dtype bf16-mixed under fsdp: bf16 gathers, fp32 gradient reductions into fp32 shards. Two processes take
+    the same steps as a world of one with the same precision (bit for bit on this CPU); neither is one plain
+    process's bf16-mixed (fp32 weights under autocast), which keeps the residual stream and norms in fp32."""
+    args = GRPO + ["--dtype", "bf16-mixed", "--strategy", "fsdp"]
+    run(tmp_path, "two", args, 2)
+    run(tmp_path, "one", args, 1, torchrun=True)
     assert_same_run(tmp_path, ["model"], 1e-6)

@@ -186,23 +186,31 @@ def shard(model, cfg):
     it after; a backward gathers it again and reduce-scatters its gradient, summed (divide factor 1: nanorl's loss
     normalisers count the global batch, as without FSDP). A reward model's or critic's backbone and scalar head
     are units of their own too: nanorl calls them one after the other, never through the root's forward. Under
-    peft's wrapper the same, with the frozen base and the adapters sharded alike. Otherwise the model as it is."""
+    peft's wrapper the same, with the frozen base and the adapters sharded alike. With dtype bf16-mixed the
+    gathers are bf16 (MixedPrecisionPolicy). Otherwise the model as it is."""
     if model is None or getattr(cfg, "strategy", "ddp") != "fsdp":
         return model
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from nanorl.backends import resolve_precision
 
     full = model.state_dict() if is_main() else {}  # the weights (`load`: the main process alone holds them)
     mesh = init_device_mesh(_comm_device().type, (world_size(),))  # the process group's devices, not a guess
+    # bf16-mixed (autocast): the gathered weights in bf16 (half the traffic and memory of fp32 gathers), the
+    # gradients reduced in fp32 into the fp32 shards that AdamW steps; otherwise the weights' own dtype
+    autocast = resolve_precision(getattr(cfg, "dtype", "float32"), _comm_device())[1]
+    mixed = MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=torch.float32) if autocast else MixedPrecisionPolicy()
+    kw = {"mesh": mesh, "reshard_after_forward": True, "mp_policy": mixed}
     names = set(getattr(model, "_no_split_modules", None) or [])
     for layer in [m for m in model.modules() if type(m).__name__ in names]:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+        fully_shard(layer, **kw)
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
     if hasattr(inner, "score"):  # a value head (reward model, critic): nanorl runs backbone and head one by one
-        fully_shard(inner.base_model, mesh=mesh, reshard_after_forward=True)
-        fully_shard(inner.score, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        fully_shard(inner.base_model, **kw)
+        fully_shard(inner.score, **kw)
+    fully_shard(model, **kw)
     for m in model.modules():
         if isinstance(m, FSDPModule):  # a plain sum (gloo has no PREMUL_SUM for FSDP's scaled reductions)
             m.set_gradient_divide_factor(1.0)
