@@ -111,7 +111,7 @@ def finish(out: Path, model, tok, cfg, load, logger, t_start: float, steps: int,
 
 def load_state(path: Path, opt, sched, model=None) -> dict:
     """Restore optimizer, schedule and RNG from `path`; returns the saved state (with 'step'). FSDP: give `model`."""
-    state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+    state = torch.load(Path(path) / "trainer_state.pt", weights_only=False, map_location="cpu")  # then to each device
     distributed.load_optimizer_state(model, opt, state["optimizer"], path)
     sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])

@@ -34,7 +34,7 @@ def load_reward_model(name: str, device, dtype=torch.float32):
     (alias, folder, hub id, .gguf), -> (model, tokenizer)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    if is_adapter(name):  # trained with LoRA: its base (a scalar head on a backbone) with the adapter on top
+    if is_adapter(name, "SEQ_CLS"):  # trained with LoRA: its base (a scalar head on a backbone) with the adapter on top
         return load_adapter(name, device, dtype, load_base=load_reward_model)
     if is_sequence_classifier(name):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)

@@ -131,3 +131,28 @@ def test_lora_settings_that_cannot_work_are_refused():
 
     with pytest.raises(ValueError, match="lora_target"):
         trainable(load_model("tiny")[0], GRPOConfig(lora_r=4, lora_target="no_such_proj"))
+
+
+def test_a_causal_lm_adapter_folder_is_a_reward_model_or_critic_base(tmp_path):
+    """A LoRA adapter of a causal LM (`nanorl train --lora-r ...` with --merge-lora false) as the base of a reward
+    model or PPO's critic: its weights with the adapter folded in, under a fresh scalar head (it was loaded as a
+    sequence-classification adapter before, and failed)."""
+    from types import SimpleNamespace
+
+    from nanorl.integrations.lora import add_adapters
+    from nanorl.models import load_model
+    from nanorl.reward_model import load_reward_model
+
+    model, tok = load_model("tiny")
+    model = add_adapters(model, SimpleNamespace(lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_target="all-linear"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # a trained adapter: B is no longer 0
+            torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(tmp_path / "adapter", save_embedding_layers=False)
+    tok.save_pretrained(tmp_path / "adapter")
+    rm, _ = load_reward_model(str(tmp_path / "adapter"), "cpu")
+    merged = model.merge_and_unload()
+    assert type(rm).__name__.endswith("ForSequenceClassification") and not hasattr(rm, "peft_config")
+    w = rm.base_model.state_dict()
+    assert all(torch.equal(w[k], v) for k, v in merged.model.state_dict().items())
+    assert torch.count_nonzero(rm.score.weight) == 0  # a fresh head

@@ -24,6 +24,7 @@ gradients before the optimizer step is what DDP's gradient accumulation (no_sync
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -149,10 +150,14 @@ def load(load_fn, name: str, device, dtype, cfg):
     """load_fn(name, device, dtype) -> (model, tokenizer), the way FSDP wants it: onto the CPU (`shard` moves each
     unit to the device as it cuts it, so no device ever holds the whole model), and with several processes by the
     main process alone: the others get the model's skeleton on the meta device (no memory, no file read) and then
-    their shards from the main process (`shard`). One copy of the weights per machine instead of one per process.
-    Without FSDP: load_fn as it is."""
+    their shards from the main process (`shard`). One copy of the weights in the job instead of one per process
+    (on the main process's CPU, beside its shards under gloo: a peak of (1 + 1/N) x the model there). Without
+    FSDP: load_fn as it is."""
     if getattr(cfg, "strategy", "ddp") != "fsdp" or world_size() == 1:
         return load_fn(name, "cpu" if getattr(cfg, "strategy", "ddp") == "fsdp" else device, dtype)
+    # the others wait for the main process's load, which may download or convert the model: on a gloo group with
+    # a long timeout (a collective on nccl's default group gives up after 10 minutes)
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=4))
     box: list = [None]
     if is_main():
         try:
@@ -160,7 +165,8 @@ def load(load_fn, name: str, device, dtype, cfg):
             box = [(_meta_copy(loaded[0]), loaded[1])]
         except Exception as e:  # the others wait for the skeleton: they raise the same error
             box = [e]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
+    dist.destroy_process_group(group)
     if isinstance(box[0], Exception):
         raise box[0]
     return loaded if is_main() else box[0]
