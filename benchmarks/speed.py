@@ -5,6 +5,7 @@ machine's matmul roofline, side by side in one run.
     python benchmarks/speed.py                    # SmolLM2-135M, 8 prompts x 8 samples, 32 new tokens
     bash benchmarks/gpu.sh                        # on a GPU: bf16-mixed, two batch shapes, tokens/s and MFU
     python benchmarks/speed.py --parts roofline,generate,nanorl --model tiny --reps 2   # smoke run
+    python benchmarks/speed.py --parts nanorl,trl --lora-r 16     # LoRA (peft) in both, the same adapters
 
 Every part runs in its own subprocess, one after the other, so each one's peak resident memory is
 its own and no two share the cores. All parts use the same model, the same first prompts of the
@@ -239,11 +240,11 @@ def nanorl_run(a):
     from nanorl.backends import select_backend
     from nanorl.config import GRPOConfig
     from nanorl.learner import make_optimizer
-    from nanorl.models import load_model, resolve_device, stop_token_ids
+    from nanorl.models import load_model, resolve_device, stop_token_ids, trainable
     from nanorl.sampling import LocalSampler
 
     cfg = GRPOConfig(model=a.model, lr=LR, prompts_per_step=a.prompts, samples_per_prompt=a.samples, device=a.device,
-                     micro_batch_size=a.micro_batch_size,
+                     micro_batch_size=a.micro_batch_size, lora_r=a.lora_r,
                      max_new_tokens=a.new_tokens, eval_size=8, out_dir=tempfile.mkdtemp(prefix="nanorl_speed_"))
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
@@ -251,7 +252,7 @@ def nanorl_run(a):
     torch.manual_seed(cfg.seed)
     task, examples = first_prompts(cfg, a)
     policy, tok = load_model(cfg.model, device, dtype)
-    policy.eval()
+    policy = trainable(policy, cfg).eval()  # --lora-r: peft adapters (alpha 32, every linear projection)
     run = SimpleNamespace(policy=policy, tok=tok, task=task, device=device, backend=backend, pad_id=tok.pad_token_id,
                           sampler=LocalSampler(policy, stop_token_ids(policy, tok), tok.pad_token_id, backend))
     opt, sched = make_optimizer(run.policy, cfg.lr, 0.0, 0, 10_000, "constant")
@@ -335,7 +336,14 @@ def part_trl(a) -> dict:
                      gradient_checkpointing=False, bf16=autocast == torch.bfloat16, use_cpu=device.type == "cpu",
                      max_steps=steps, logging_steps=1,
                      report_to="none", save_strategy="no", shuffle_dataset=False, seed=SEED, disable_dropout=True)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    peft_config = None
+    if a.lora_r:  # the same adapters as nanorl's --lora-r (config.RunConfig's defaults: alpha 32, all-linear)
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=a.lora_r, lora_alpha=GRPOConfig.lora_alpha, lora_dropout=0.0,
+                                 target_modules=GRPOConfig.lora_target, task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                          peft_config=peft_config)
     assert trainer.accelerator.mixed_precision == ("bf16" if autocast else "no"), trainer.accelerator.mixed_precision
     seen = count_tokens(trainer.model)
     clock = {"generate": 0.0, "gen_and_score": 0.0, "loss_forward": 0.0, "loss_tokens": 0}
@@ -439,6 +447,7 @@ def report(res: dict, a) -> str:
     lines = [f"Commit {res.get('commit', '?')}, {res.get('machine', '?')}. "
              f"Model {a.model}, {roof_info.get('device', '')} {roof_info.get('dtype', '')}, "
              f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, "
+             f"{f'LoRA rank {a.lora_r} (alpha 32, every linear projection), ' if a.lora_r else ''}"
              f"{torch.get_num_threads()} threads, medians of {a.reps} (min-max).", ""]
     fmt = lambda d: f"{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f})"  # noqa: E731
     gib = lambda r: f"{r['peak_rss_gib']:.2f} GiB"  # noqa: E731
@@ -523,6 +532,7 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=GRPOConfig.micro_batch_size,
                    help="nanorl's rows per forward/backward (default: the config default)")
     p.add_argument("--device", default="auto", help="auto (cuda + bf16 if present, else cpu + fp32) | cpu | cuda")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank for nanorl and TRL alike (0 = full fine-tuning)")
     p.add_argument("--out", default="results/speed")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one part, print JSON
     a = p.parse_args()
@@ -544,7 +554,8 @@ def main() -> None:
         t = time.perf_counter()
         cmd = [sys.executable, __file__, "--worker", part, "--model", a.model, "--reps", str(a.reps),
                "--warmup", str(a.warmup), "--device", a.device, "--micro-batch-size", str(a.micro_batch_size),
-               "--prompts", str(a.prompts), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens)]
+               "--prompts", str(a.prompts), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
+               "--lora-r", str(a.lora_r)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode or line is None:  # e.g. TRL not installed: the other parts still report
