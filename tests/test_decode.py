@@ -155,3 +155,35 @@ def test_other_models_and_settings_fall_back_to_the_models_forward(tiny):
     out = generate(dynamic, [tok("hi")["input_ids"]], 2, SamplingParams(max_new_tokens=3), [], seed=0,
                    pad_id=tok.pad_token_id)
     assert all(len(c) == 3 for c in out.completion_ids) and math.isfinite(float(out.logprobs[0].sum()))
+
+
+def test_a_lora_model_decodes_on_folded_weights_with_the_learners_logprobs(ops):
+    """peft's LoRA linears, with adapters that change the function: the sampler packs W + (alpha / r) B A once per
+    rollout and takes the decode step (it stepped aside for peft before); its log-probs are the learner's, which
+    runs the adapters unfolded. Outside the sampler every forward is peft's own again."""
+    peft = pytest.importorskip("peft")
+    from nanorl.data import collate
+    from nanorl.logprobs import token_logprobs
+
+    base, tok = tiny_model_and_tokenizer()
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                      init_lora_weights=False))  # random A and B
+    lora = [m for m in model.modules() if type(m).__module__.startswith("peft.tuners.lora") and hasattr(m, "base_layer")]
+    prompts = [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"]]
+    with torch.no_grad(), Backend().forward(model, pack_weights=True) as packed:
+        assert lora and all(id(m) in packed for m in lora)
+        ids, mask = left_pad(prompts, tok.pad_token_id, "cpu")
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+        assert isinstance(decode.cpu_decoder(model, packed, cache, mask, 2, 4), decode.LlamaDecoder)
+    assert not any("forward" in vars(m) for m in model.modules())  # peft's forwards again
+    out = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=2,
+                   pad_id=tok.pad_token_id)
+    ref, _ = token_logprobs(model, collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu"))
+    for i, lp in enumerate(out.logprobs):
+        assert torch.allclose(ref[i, :len(lp)], lp, atol=1e-5)
+    with model.disable_adapter(), torch.no_grad():  # the adapters matter: the base model's log-probs differ
+        plain, _ = token_logprobs(model, collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu"))
+    assert not torch.allclose(plain, ref, atol=1e-3)

@@ -158,9 +158,10 @@ class _GatedMLP(torch.autograd.Function):
         return d_gate, d_up, dw, g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None, None
 
 
-def _is_gated_silu_mlp(m) -> bool:
-    """A Llama-style MLP (Llama, Mistral, Qwen2/3, SmolLM, ...): down(act(gate(x)) * up(x)), act = SiLU."""
-    return (all(type(getattr(m, k, None)) is torch.nn.Linear for k in ("gate_proj", "up_proj", "down_proj"))
+def _is_gated_silu_mlp(m, linear=lambda x: type(x) is torch.nn.Linear) -> bool:
+    """A Llama-style MLP (Llama, Mistral, Qwen2/3, SmolLM, ...): down(act(gate(x)) * up(x)), act = SiLU; its
+    projections what `linear` accepts (plain nn.Linear by default)."""
+    return (all(linear(getattr(m, k, None)) for k in ("gate_proj", "up_proj", "down_proj"))
             and type(getattr(m, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation") and _gated_forward(type(m)))
 
 
@@ -175,21 +176,40 @@ def _gated_forward(cls) -> bool:
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # Llama-style names
 
 
-def _fuse_shared_inputs(model, ours: set, packed: dict) -> None:
+def _lora_weight(m) -> torch.Tensor | None:
+    """A peft LoRA linear's weight with its adapter folded in, W + (alpha / r) B A (peft's get_delta_weight), for
+    the sampler's no-grad passes; None for anything else, or one whose forward is not just that: merged already,
+    adapters disabled, several active, DoRA, dropout, or not fp32 on the CPU."""
+    if not (type(m).__name__ == "Linear" and type(m).__module__.startswith("peft.tuners.lora")):
+        return None
+    base, active = getattr(m, "base_layer", None), list(getattr(m, "active_adapters", []))
+    if (type(base) is not torch.nn.Linear or m.merged or m.disable_adapters or len(active) != 1
+            or base.weight.device.type != "cpu" or base.weight.dtype != torch.float32):
+        return None
+    if active[0] not in m.lora_A:  # the adapter does not touch this layer
+        return base.weight.detach()
+    if m.use_dora.get(active[0]) or type(m.lora_dropout[active[0]]) is not torch.nn.Identity:
+        return None
+    return base.weight.detach() + m.get_delta_weight(active[0]).detach()
+
+
+def _fuse_shared_inputs(model, weights: dict, packed: dict) -> None:
     """No-grad only: linears of one module that read the same input (query/key/value, gate/up) packed as one
     weight. The first one called computes every output, the others return their slice when handed the same
-    tensor (else they compute it again). Fewer, wider matmuls; each linear done goes into `packed`."""
+    tensor (else they compute it again). Fewer, wider matmuls; each linear done goes into `packed`.
+    `weights`: {id(linear): (weight, bias)} of the linears to pack."""
     for parent in model.modules():
         for names in SHARED_INPUT:
             group = [getattr(parent, k, None) for k in names]
-            if not all(id(m) in ours for m in group):
+            if not all(id(m) in weights for m in group):
                 continue
-            w = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in group]), 64)
-            b = (torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
-                            for m in group]) if any(m.bias is not None for m in group) else None)
+            ws, bs = zip(*(weights[id(m)] for m in group))
+            w = torch.ops.mkldnn._reorder_linear_weight(torch.cat(ws), 64)
+            b = (torch.cat([bias.detach() if bias is not None else weight.new_zeros(len(weight))
+                            for weight, bias in zip(ws, bs)]) if any(bias is not None for bias in bs) else None)
             last, ends = {}, [0]
-            for m in group:
-                ends.append(ends[-1] + m.out_features)
+            for weight in ws:
+                ends.append(ends[-1] + len(weight))
 
             def forward(x, lo, hi, w=w, b=b, last=last, ends=ends):
                 y = last["y"] if last.get("x") is x else _dnn(x, w, b)  # (..., sum of out_features)
@@ -214,24 +234,33 @@ def fast_cpu(model, pack_weights: bool = False):
     (4) In a `loss.backward()`, the linears', gated MLPs' and embeddings' weight gradients are added into
     .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned, and
     weights with gradient hooks, or a model wrapped by DDP, FSDP or peft, get them the engine's way.
+    (5) With pack_weights, peft's LoRA linears are packed too, their adapters folded into the weight once per
+    rollout (`_lora_weight`), so they decode like plain linears and backends/decode.py's step takes them.
     Yields {id(linear): (packed weight, bias, first, last output column)} of the packed linears (else {}),
     for backends/decode.py."""
+    oneDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    lora = {id(m): (m, w) for m in model.modules() if oneDNN and pack_weights and "forward" not in m.__dict__
+            and (w := _lora_weight(m)) is not None}  # folded: their own linears (base, A, B) are not run
+    inside = {id(x) for m, _ in lora.values() for x in m.modules() if x is not m}
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-               and m.weight.dtype == torch.float32 and "forward" not in m.__dict__]  # not already inside
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        linears = []  # a build without oneDNN, or a torch without these ops
+               and m.weight.dtype == torch.float32 and "forward" not in m.__dict__  # not already inside
+               and id(m) not in inside] if oneDNN else []  # not without oneDNN or a torch without these ops
     patched, ours, packed = list(linears), {id(m) for m in linears}, {}
     node = functools.partial(_grad_node, fuse=not _wrapped(model))  # step aside for DDP, FSDP, peft
     if pack_weights:
-        _fuse_shared_inputs(model, ours, packed)
-    for m in linears:
+        patched += [m for m, _ in lora.values()]
+        weights = {**{id(m): (m.weight.detach(), m.bias) for m in linears},
+                   **{k: (w, m.base_layer.bias) for k, (m, w) in lora.items()}}
+        _fuse_shared_inputs(model, weights, packed)
+    for m in [*linears, *(m for m, _ in lora.values())] if pack_weights else linears:
         if id(m) in packed:
             continue
         if pack_weights:
-            w = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 64)
-            b = m.bias.detach() if m.bias is not None else None
+            weight, bias = weights[id(m)]
+            w = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+            b = bias.detach() if bias is not None else None
             m.forward = lambda x, w=w, b=b: _dnn(x, w, b)
-            packed[id(m)] = (w, b, 0, m.out_features)
+            packed[id(m)] = (w, b, 0, len(weight))
         else:
             m.forward = lambda x, m=m, node=node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)
     for m in model.modules() if linears and not pack_weights else []:

@@ -64,9 +64,11 @@ def kernels() -> bool:
         return False
 
 
-def supported(model) -> bool:
-    """A model whose decode step `LlamaDecoder` computes exactly: Llama or Qwen2 layers, fp32 on CPU."""
+def supported(model, packed: dict | None = None) -> bool:
+    """A model whose decode step `LlamaDecoder` computes exactly: Llama or Qwen2 layers, fp32 on CPU; its
+    projections plain nn.Linear, or anything `packed` holds (peft's LoRA linears, folded: backends/cpu.py)."""
     cfg, inner = model.config, getattr(model, "model", None)
+    linear = lambda m: type(m) is torch.nn.Linear or id(m) in (packed or {})  # noqa: E731
     if getattr(cfg, "model_type", None) not in ARCHS:
         return False
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -79,9 +81,8 @@ def supported(model) -> bool:
         return False
     for layer in inner.layers:
         attn = getattr(layer, "self_attn", None)
-        if not (attn is not None and all(type(getattr(attn, k, None)) is torch.nn.Linear
-                                         for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
-                and _is_gated_silu_mlp(getattr(layer, "mlp", None))
+        if not (attn is not None and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                and _is_gated_silu_mlp(getattr(layer, "mlp", None), linear)
                 and all(type(getattr(layer, k, None)).__name__.endswith("RMSNorm")
                         and hasattr(getattr(layer, k), "variance_epsilon")
                         for k in ("input_layernorm", "post_attention_layernorm"))):
@@ -93,7 +94,8 @@ def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_
     """The decode step for rows sampled n per prompt from a prefilled transformers cache (P prompts, left-padded
     by `mask` (P, Lp)), or None when `model` or this machine cannot take it (then run the model's forward).
     `packed` maps id(linear) -> (packed weight, bias, first, last output), from `fast_cpu(pack_weights=True)`."""
-    if not packed or not supported(model) or not kernels():
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
+    if not packed or not supported(model, packed) or not kernels():
         return None
     need = [m for layer in model.model.layers for m in (*(getattr(layer.self_attn, k) for k in
             ("q_proj", "k_proj", "v_proj", "o_proj")), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
