@@ -193,17 +193,21 @@ def _lora_weight(m) -> torch.Tensor | None:
     return base.weight.detach() + m.get_delta_weight(active[0]).detach()
 
 
-def _fuse_shared_inputs(model, weights: dict, packed: dict) -> None:
+def _weight_and_bias(m) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What a linear to pack computes x @ w.T + b with: its own, or a LoRA linear's folded weight (made now)."""
+    return (m.weight.detach(), m.bias) if type(m) is torch.nn.Linear else (_lora_weight(m), m.base_layer.bias)
+
+
+def _fuse_shared_inputs(model, ours: set, packed: dict) -> None:
     """No-grad only: linears of one module that read the same input (query/key/value, gate/up) packed as one
     weight. The first one called computes every output, the others return their slice when handed the same
-    tensor (else they compute it again). Fewer, wider matmuls; each linear done goes into `packed`.
-    `weights`: {id(linear): (weight, bias)} of the linears to pack."""
+    tensor (else they compute it again). Fewer, wider matmuls; each linear done goes into `packed`."""
     for parent in model.modules():
         for names in SHARED_INPUT:
             group = [getattr(parent, k, None) for k in names]
-            if not all(id(m) in weights for m in group):
+            if not all(id(m) in ours for m in group):
                 continue
-            ws, bs = zip(*(weights[id(m)] for m in group))
+            ws, bs = zip(*(_weight_and_bias(m) for m in group))
             w = torch.ops.mkldnn._reorder_linear_weight(torch.cat(ws), 64)
             b = (torch.cat([bias.detach() if bias is not None else weight.new_zeros(len(weight))
                             for weight, bias in zip(ws, bs)]) if any(bias is not None for bias in bs) else None)
@@ -239,24 +243,22 @@ def fast_cpu(model, pack_weights: bool = False):
     Yields {id(linear): (packed weight, bias, first, last output column)} of the packed linears (else {}),
     for backends/decode.py."""
     oneDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    lora = {id(m): (m, w) for m in model.modules() if oneDNN and pack_weights and "forward" not in m.__dict__
-            and (w := _lora_weight(m)) is not None}  # folded: their own linears (base, A, B) are not run
-    inside = {id(x) for m, _ in lora.values() for x in m.modules() if x is not m}
+    lora = [m for m in model.modules() if oneDNN and pack_weights and "forward" not in m.__dict__
+            and _lora_weight(m) is not None]  # folded: their own linears (base, A, B) are not run
+    inside = {id(x) for m in lora for x in m.modules() if x is not m}
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__  # not already inside
                and id(m) not in inside] if oneDNN else []  # not without oneDNN or a torch without these ops
     patched, ours, packed = list(linears), {id(m) for m in linears}, {}
     node = functools.partial(_grad_node, fuse=not _wrapped(model))  # step aside for DDP, FSDP, peft
     if pack_weights:
-        patched += [m for m, _ in lora.values()]
-        weights = {**{id(m): (m.weight.detach(), m.bias) for m in linears},
-                   **{k: (w, m.base_layer.bias) for k, (m, w) in lora.items()}}
-        _fuse_shared_inputs(model, weights, packed)
-    for m in [*linears, *(m for m, _ in lora.values())] if pack_weights else linears:
+        patched += lora
+        _fuse_shared_inputs(model, ours | {id(m) for m in lora}, packed)
+    for m in [*linears, *lora] if pack_weights else linears:
         if id(m) in packed:
             continue
         if pack_weights:
-            weight, bias = weights[id(m)]
+            weight, bias = _weight_and_bias(m)
             w = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
             b = bias.detach() if bias is not None else None
             m.forward = lambda x, w=w, b=b: _dnn(x, w, b)
