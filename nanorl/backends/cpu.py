@@ -176,26 +176,28 @@ def _gated_forward(cls) -> bool:
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # Llama-style names
 
 
-def _lora_weight(m) -> torch.Tensor | None:
-    """A peft LoRA linear's weight with its adapter folded in, W + (alpha / r) B A (peft's get_delta_weight), for
-    the sampler's no-grad passes; None for anything else, or one whose forward is not just that: merged already,
-    adapters disabled, several active, DoRA, dropout, or not fp32 on the CPU."""
+def _foldable(m) -> bool:
+    """A peft LoRA linear whose forward is x @ (W + (alpha / r) B A).T + b: one active adapter, not merged, not
+    disabled, no DoRA, no dropout, fp32 on the CPU."""
     if not (type(m).__name__ == "Linear" and type(m).__module__.startswith("peft.tuners.lora")):
-        return None
+        return False
     base, active = getattr(m, "base_layer", None), list(getattr(m, "active_adapters", []))
-    if (type(base) is not torch.nn.Linear or m.merged or m.disable_adapters or len(active) != 1
-            or base.weight.device.type != "cpu" or base.weight.dtype != torch.float32):
-        return None
-    if active[0] not in m.lora_A:  # the adapter does not touch this layer
-        return base.weight.detach()
-    if m.use_dora.get(active[0]) or type(m.lora_dropout[active[0]]) is not torch.nn.Identity:
-        return None
-    return base.weight.detach() + m.get_delta_weight(active[0]).detach()
+    return (type(base) is torch.nn.Linear and not m.merged and not m.disable_adapters and len(active) == 1
+            and base.weight.device.type == "cpu" and base.weight.dtype == torch.float32
+            and (active[0] not in m.lora_A or (not m.use_dora.get(active[0])
+                                               and type(m.lora_dropout[active[0]]) is torch.nn.Identity)))
+
+
+def _folded(m) -> torch.Tensor:
+    """A foldable LoRA linear's weight with its adapter folded in (peft's get_delta_weight: (alpha / r) B A)."""
+    adapter = m.active_adapters[0]
+    w = m.base_layer.weight.detach()
+    return w + m.get_delta_weight(adapter).detach() if adapter in m.lora_A else w  # else: not adapted here
 
 
 def _weight_and_bias(m) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What a linear to pack computes x @ w.T + b with: its own, or a LoRA linear's folded weight (made now)."""
-    return (m.weight.detach(), m.bias) if type(m) is torch.nn.Linear else (_lora_weight(m), m.base_layer.bias)
+    return (m.weight.detach(), m.bias) if type(m) is torch.nn.Linear else (_folded(m), m.base_layer.bias)
 
 
 def _fuse_shared_inputs(model, ours: set, packed: dict) -> None:
@@ -239,12 +241,12 @@ def fast_cpu(model, pack_weights: bool = False):
     .grad by the op that computes them (`_add_grad`); torch.autograd.grad still gets them returned, and
     weights with gradient hooks, or a model wrapped by DDP, FSDP or peft, get them the engine's way.
     (5) With pack_weights, peft's LoRA linears are packed too, their adapters folded into the weight once per
-    rollout (`_lora_weight`), so they decode like plain linears and backends/decode.py's step takes them.
+    rollout (`_folded`), so they decode like plain linears and backends/decode.py's step takes them.
     Yields {id(linear): (packed weight, bias, first, last output column)} of the packed linears (else {}),
     for backends/decode.py."""
     oneDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     lora = [m for m in model.modules() if oneDNN and pack_weights and "forward" not in m.__dict__
-            and _lora_weight(m) is not None]  # folded: their own linears (base, A, B) are not run
+            and _foldable(m)]  # folded: their own linears (base, A, B) are not run
     inside = {id(x) for m in lora for x in m.modules() if x is not m}
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and m.weight.dtype == torch.float32 and "forward" not in m.__dict__  # not already inside
