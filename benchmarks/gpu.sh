@@ -8,7 +8,7 @@
 # A folder holding only config.json and tokenizer files gets random weights (seed 0) in a temporary folder: the
 # speed of a step does not depend on the weights, except that a random model never samples its stop
 # token, so every completion runs to the token cap (the same for every part of the benchmark).
-# Results: OUT/8x8x32 and OUT/32x8x256 (speed.json and table.md each), OUT/tests.txt, OUT/lora (LoRA against full
+# Results: OUT/8x8x32 and OUT/32x8x256 (speed.json and table.md each), OUT/8x8x32_lora (LoRA r 16 against TRL), OUT/tests.txt, OUT/lora (LoRA against full
 # fine-tuning, each with and without gradient checkpointing: peak GPU memory and step time, SmolLM2-135M and a
 # random Qwen2.5-1.5B-shaped model), OUT/strategies and OUT/strategies_lora (ddp against fsdp under torchrun with
 # one process: nccl takes one device per process, so FSDP2 shards over a world of one; step time, tokens/s, peak
@@ -38,6 +38,8 @@ python3 benchmarks/speed.py --device cuda --model "$model" --micro-batch-size 64
 python3 benchmarks/speed.py --device cuda --model "$model" --micro-batch-size 256 --out "$out/32x8x256" \
   --parts roofline,generate,nanorl,trl \
   --prompts 32 --samples 8 --new-tokens 256
+python3 benchmarks/speed.py --device cuda --model "$model" --micro-batch-size 64 --lora-r 16 --parts nanorl,trl \
+  --out "$out/8x8x32_lora"  # LoRA in both, TRL with the same peft config
 python3 benchmarks/lora_memory.py --device cuda --reps 2 --modes lora,lora+ckpt,full,full+ckpt --micro 64 \
   --out "$out/lora"  # with and without gradient checkpointing
 python3 benchmarks/strategies.py --device cuda --model "$model" --out "$out/strategies"  # FSDP2 on nccl
