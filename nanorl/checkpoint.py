@@ -138,6 +138,9 @@ def check_resume(cfg, ckpt: Path) -> bool:
         if changed:
             raise ConfigError(f"config keys {changed}: differ from the run being resumed ({saved}); resume with the "
                               f"same values or start a new run in another out_dir")
+        if (done := int((ckpt / "step").read_text())) > getattr(cfg, "steps", done):  # it would report a wrong end
+            raise ConfigError(f"config key 'steps': {cfg.steps} is below the step of the checkpoint being resumed "
+                              f"({done}, in {ckpt}); resume with --steps {done} or more")
         return True
     if distributed.is_main():
         for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*")):

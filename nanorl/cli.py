@@ -17,8 +17,7 @@ import json
 import os
 import sys
 
-from nanorl.config import (ConfigError, DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig,
-                           parse_args)
+from nanorl.config import ConfigError, DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig, parse_args
 from nanorl.checkpoint import Interrupted
 from nanorl.tasks import RewardSetupError
 

@@ -156,15 +156,13 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         m = mask.bool()
         metrics = {
             **reward_metrics(rewards, {k: everyone(v) for k, v in parts.items()}, G, task.acc_threshold),
-            "reward/kl_penalty": kl.sum(-1).mean().item(),
+            "reward/kl_penalty": kl.sum(-1).mean().item(), "optim/lr": sched.get_last_lr()[0],
             **rollout_metrics(mask.sum(-1).long(), everyone(torch.tensor(roll.truncated))), **update_metrics(sums, n_mb),
-            "optim/lr": sched.get_last_lr()[0],
             "value/loss": vsums["loss"] / n_mb, "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
             "value/explained_variance": explained_variance(old_values, returns, mask),
             "value/mean": old_values[m].mean().item(), "returns/mean": returns[m].mean().item(),
             "adv/mean": adv_raw[m].mean().item(), "adv/std": adv_raw[m].std(correction=0).item(),
-            "ppo/epochs_run": epochs_run,
-            **time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
+            "ppo/epochs_run": epochs_run, **time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }
         logger.log_samples(sample_records(examples, texts, rewards, roll, G), step + 1)
         if due(step + 1, cfg.eval_every, cfg.steps, at_end=True):

@@ -124,8 +124,9 @@ def test_a_run_stopped_in_its_last_step_reports_its_final_evaluation_on_resume(t
 
 def test_a_resume_with_no_step_left_evaluates_weights_newer_than_its_last_evaluation(tmp_path):
     """Evaluations at steps 0, 3 and 5, a checkpoint after step 4; resumed with --steps 4 nothing is left to train,
-    and the latest evaluation (step 3) is older than the weights: the run evaluates them (step 4) as its "after"."""
-    from nanorl.config import GRPOConfig, parse_args
+    and the latest evaluation (step 3) is older than the weights: the run evaluates them (step 4) as its "after".
+    Resumed with --steps 3, below the checkpoint's step, it is refused."""
+    from nanorl.config import ConfigError, GRPOConfig, parse_args
     from nanorl.grpo import train
 
     out = tmp_path / "run"
@@ -136,6 +137,8 @@ def test_a_resume_with_no_step_left_evaluates_weights_newer_than_its_last_evalua
     train(parse_args(GRPOConfig, args + ["--steps", "5"]))
     assert [e["step"] for e in lines(out / "eval.jsonl")] == [0, 3, 5]
     assert (out / "checkpoint" / "step").read_text() == "4"
+    with pytest.raises(ConfigError, match=r"config key 'steps': 3 is below the step of the checkpoint being resumed \(4"):
+        train(parse_args(GRPOConfig, args + ["--steps", "3", "--resume", "true"]))  # it would report 3 steps run
     result = train(parse_args(GRPOConfig, args + ["--steps", "4", "--resume", "true"]))
     evals = lines(out / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 3, 4]  # the step-5 line rewound, step 4 evaluated (before: 0, 3)
