@@ -256,8 +256,20 @@ try:
     distributed.load(load_model, sys.argv[1], "cpu", torch.float32, cfg)  # a folder that holds no model
 except ValueError as e:
     error = str(e)
-json.dump({"meta": meta, "seen": seen, "out": out, "error": error, "tok": tok.eos_token_id, "gathered": gathered},
-          open(f"{sys.argv[1]}/{distributed.rank()}.json", "w"))
+
+
+def unpicklable(name, device, dtype):  # a model with something pickle cannot send (a lambda)
+    model, tok = load_model(name, device, dtype)
+    model.hook = lambda: 0
+    return model, tok
+
+
+try:
+    distributed.load(unpicklable, "tiny", "cpu", torch.float32, cfg)
+except RuntimeError as e:
+    unsent = str(e)
+json.dump({"meta": meta, "seen": seen, "out": out, "error": error, "tok": tok.eos_token_id, "gathered": gathered,
+           "unsent": unsent}, open(f"{sys.argv[1]}/{distributed.rank()}.json", "w"))
 distributed.finish()
 '''
 
@@ -265,7 +277,7 @@ distributed.finish()
 def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(tmp_path):
     """Under FSDP only the main process reads the model; the other gets its skeleton on the meta device and its
     shards from the main process, and computes what one process would. A load that fails on the main process
-    fails on every rank with its message (none waits). `spread`: rank 0 computes parts 0-1 (and repeats part 0 to
+    fails on every rank with its message (none waits), and so does a model whose skeleton cannot be pickled. `spread`: rank 0 computes parts 0-1 (and repeats part 0 to
     pair its FSDP forwards with rank 1's three), rank 1 parts 2-4, and both get all five results in order. With
     dtype bf16-mixed the gathered weights are bf16 (the shards stay fp32)."""
     from nanorl.models import load_model
@@ -286,6 +298,7 @@ def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(
         assert torch.allclose(torch.tensor(r["out"]), want, atol=1e-5)
         assert f"model {str(tmp_path)!r}: cannot be loaded" in r["error"] and r["tok"] == tok.eos_token_id
         assert r["gathered"] == {"float32": "torch.float32", "bf16-mixed": "torch.bfloat16"}
+        assert "model 'tiny' loaded, but its skeleton cannot be sent" in r["unsent"] and "pickle" in r["unsent"]
 
 
 def test_fsdp_shards_a_frozen_reward_model_and_trains_as_one_process(tmp_path):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import datetime
 import os
+import pickle
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -159,17 +160,30 @@ def load(load_fn, name: str, device, dtype, cfg):
     # a long timeout (a collective on nccl's default group gives up after 10 minutes)
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=4))
     box: list = [None]
+    error = None
     if is_main():
         try:
             loaded = load_fn(name, "cpu", dtype)
             box = [(_meta_copy(loaded[0]), loaded[1])]
+            pickle.dumps(box)  # what broadcast_object_list does: a model that does not pickle fails here, by name
         except Exception as e:  # the others wait for the skeleton: they raise the same error
-            box = [e]
+            error = e if box[0] is None else RuntimeError(
+                f"strategy fsdp: model {name!r} loaded, but its skeleton cannot be sent to the other processes "
+                f"({type(e).__name__}: {e}); use --strategy ddp for this model")
+            box = [_sendable(error)]
     dist.broadcast_object_list(box, src=0, group=group)
     dist.destroy_process_group(group)
     if isinstance(box[0], Exception):
-        raise box[0]
+        raise error or box[0]
     return loaded if is_main() else box[0]
+
+
+def _sendable(e: Exception) -> Exception:
+    """`e` if it survives pickling (its type and message reach the other processes), else its text alone."""
+    try:
+        return pickle.loads(pickle.dumps(e))
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
 def _meta_copy(model):
