@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -84,6 +85,28 @@ def test_two_processes_train_as_one(tmp_path, case):
     atol = 1e-5 if case == "ppo" else 1e-6  # PPO: two models' sums in another order, then Adam (~3e-6 seen)
     assert_same_run(tmp_path, ["model", "critic"] if case == "ppo" else ["model"], atol)  # PPO: and its critic
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "pairs.jsonl", "r.py", "two"]  # one run folder each
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_nodes_train_as_one_process(tmp_path, strategy):
+    """Multi-node torchrun, as two launchers of one process each (`--nnodes 2`, c10d rendezvous on this host): every
+    process is local rank 0 of its node, only global rank 0 writes, and the run equals one process (the nodes share
+    the run folder's filesystem, as several nodes must: docs/scaling.md)."""
+    args = GRPO + ["--kl-coef", "0.05", "--save-every", "2", "--strategy", strategy]
+    run(tmp_path, "one", args[:-2] + ["--backend", "torch"], 1)
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = command(tmp_path, "two", args, 2)
+    cmd[cmd.index("--nproc_per_node"):cmd.index("--nproc_per_node") + 2] = [
+        "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "nodes"]
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+             for _ in range(2)]
+    outs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert_same_run(tmp_path, ["model"], 1e-6)
+    assert sum("[nanorl] done" in out for out, _ in outs) == 1  # one summary: the main process's
 
 
 def test_an_offline_batch_with_fewer_rows_than_processes(tmp_path):
@@ -213,6 +236,39 @@ def test_fsdp_under_torchrun_in_one_process_shards_over_a_world_of_one(tmp_path)
     run(tmp_path, "one", args + ["--backend", "torch"], 1)
     assert_same_run(tmp_path, ["model"], 1e-6)
     assert (tmp_path / "two" / "checkpoint" / "optimizer" / ".metadata").is_file()  # written by dcp: it was sharded
+
+
+SLOW_END = '''
+import datetime, functools, os, sys, time
+import torch.distributed as dist
+dist.init_process_group = functools.partial(dist.init_process_group, timeout=datetime.timedelta(seconds=5))
+from nanorl import checkpoint
+unlock = checkpoint.unlock
+
+
+def slow_unlock(out):  # after the final model and results.json: the main process still busy, past the timeout
+    if os.environ["RANK"] == "0":
+        time.sleep(10)
+    unlock(out)
+
+
+checkpoint.unlock = slow_unlock
+from nanorl.cli import main
+main(sys.argv[1:])
+'''
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_others_wait_for_the_main_process_past_the_groups_timeout(tmp_path, strategy):
+    """The end of a run waits for the main process (which may be writing and merging a big final model) on a side
+    group with a long timeout: the default group's collectives give up sooner (nccl: 10 minutes; here the group is
+    made with 5 seconds, and the main process ends 10 seconds after the other)."""
+    (tmp_path / "slow_end.py").write_text(SLOW_END)
+    cmd = command(tmp_path, "two", GRPO + ["--steps", "1", "--strategy", strategy, "--lora-r", "4"], 2)
+    cmd[cmd.index("-m", 2):cmd.index("nanorl.cli") + 1] = [str(tmp_path / "slow_end.py")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "two" / "results.json").is_file() and (tmp_path / "two" / "model" / "config.json").is_file()
 
 
 def test_fsdp_in_one_process_is_refused_naming_the_key(tmp_path, capsys):

@@ -35,7 +35,11 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-STARTED: list[bool] = []  # whether this module joined the process group (then `finish` leaves it)
+# The process group this module joined (then `finish` leaves it), as its side group for waits on the main process
+# alone (a model's load, the final model's write and LoRA merge): gloo with a long timeout, where a collective on
+# nccl's default group gives up after 10 minutes.
+STARTED: list = []
+LONG_WAIT = datetime.timedelta(hours=4)
 
 
 def initialized() -> bool:
@@ -63,7 +67,7 @@ def init(device: torch.device, cfg=None) -> torch.device:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        STARTED.append(True)
+        STARTED.append(dist.new_group(backend="gloo", timeout=LONG_WAIT))
     if cfg is not None and (world_size() > 1 or getattr(cfg, "strategy", "ddp") != "ddp"):
         check(cfg)
     return device
@@ -156,9 +160,8 @@ def load(load_fn, name: str, device, dtype, cfg):
     FSDP: load_fn as it is."""
     if getattr(cfg, "strategy", "ddp") != "fsdp" or world_size() == 1:
         return load_fn(name, "cpu" if getattr(cfg, "strategy", "ddp") == "fsdp" else device, dtype)
-    # the others wait for the main process's load, which may download or convert the model: on a gloo group with
-    # a long timeout (a collective on nccl's default group gives up after 10 minutes)
-    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=4))
+    # the others wait for the main process's load, which may download or convert the model: on the side group
+    group = STARTED[0] if STARTED else dist.new_group(backend="gloo", timeout=LONG_WAIT)
     box: list = [None]
     error = None
     if is_main():
@@ -172,7 +175,8 @@ def load(load_fn, name: str, device, dtype, cfg):
                 f"({type(e).__name__}: {e}); use --strategy ddp for this model")
             box = [_sendable(error)]
     dist.broadcast_object_list(box, src=0, group=group)
-    dist.destroy_process_group(group)
+    if not STARTED:
+        dist.destroy_process_group(group)
     if isinstance(box[0], Exception):
         raise error or box[0]
     return loaded if is_main() else box[0]
@@ -340,6 +344,6 @@ def load_optimizer_state(model, opt, state: dict, checkpoint) -> None:
 def finish() -> None:
     """Leave the process group at the end of a run, if `init` joined it (not one the caller set up)."""
     if initialized() and STARTED:
-        dist.barrier()
+        dist.barrier(group=STARTED[0])  # the main process may still be writing (and merging) the final model
         dist.destroy_process_group()
         STARTED.clear()
