@@ -24,10 +24,11 @@
 #
 # On a GPU lent through the `device` tool (no network there; 15 minutes of device time, 10 per call): here, once,
 # `bash benchmarks/gpu_prepare.sh` (model shapes in .gpu/, wheels of TRL and datasets in .whl/), then one run with
-# carry [".gpu", ".whl"] and timeout_s 560, the stages that matter first (the whole list takes about 15 minutes):
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site &&
-#   GPU_SH_STAGE_TIMEOUT=200 bash benchmarks/gpu.sh .gpu/smollm2-135m-shape /tmp/r tests,lora_speed,lora,strategies;
-#   tar czf $OUT/r.tgz -C /tmp r
+# carry [".gpu", ".whl"] and timeout_s 560, the stages that matter first (the whole list takes about 15 minutes);
+# the outer timeout leaves time to pack what was written (only 8 files come back from $OUT):
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site;
+#   GPU_SH_STAGE_TIMEOUT=200 timeout 500 bash benchmarks/gpu.sh .gpu/smollm2-135m-shape /tmp/r
+#   tests,lora_speed,lora,strategies; tar czf $OUT/r.tgz -C /tmp r
 set -uo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-smollm2-135m}
