@@ -94,14 +94,29 @@ def _qwen2_tiny():
     return Qwen2ForCausalLM(cfg).float()  # biases on query, key and value
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama_biases", "qwen2"])
+def _qwen3_tiny():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(2)
+    cfg = Qwen3Config(vocab_size=99, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(cfg).float()  # head_dim 16: heads * d = 64, not the hidden size 48
+    with torch.no_grad():  # the query / key norms' weights start at 1: make them count
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 2.0), layer.self_attn.k_norm.weight.uniform_(0.5, 2.0)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama_biases", "qwen2", "qwen3"])
 def test_decoder_logits_match_the_models_own_forward(ops, arch):
     model = {"llama": lambda: tiny_model_and_tokenizer()[0], "llama_biases": _llama_with_biases,
-             "qwen2": _qwen2_tiny}[arch]()
+             "qwen2": _qwen2_tiny, "qwen3": _qwen3_tiny}[arch]()
     assert decode.supported(model)
     with torch.no_grad():  # sharper attention than a random init's near-uniform one, so its errors show
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(15), layer.self_attn.k_proj.weight.mul_(15)
+            if arch == "qwen3":  # its norms undo the scale of q and k: sharpen through their weights instead
+                layer.self_attn.q_norm.weight.mul_(4), layer.self_attn.k_norm.weight.mul_(4)
     g = torch.Generator().manual_seed(0)
     V, n, steps = model.config.vocab_size, 3, 6
     prompts = [torch.randint(3, V, (k,), generator=g).tolist() for k in (5, 9, 2)]  # left padding of 4 and 7

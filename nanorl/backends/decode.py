@@ -1,4 +1,4 @@
-"""The sampler's decode step without transformers' modules, for Llama-family models on CPU in fp32.
+"""The sampler's decode step without transformers' modules, for Llama, Qwen2 and Qwen3 models on CPU in fp32.
 
     step = cpu_decoder(model, packed, cache, mask, n, max_new_tokens)   # None: use the model's own forward
     logits = step(tokens, rows, positions, t)                            # (A,) new tokens -> (A, V)
@@ -32,7 +32,8 @@ from nanorl.backends.cpu import _dnn as _linear, _is_gated_silu_mlp
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 LANES = 16  # cpu_decode.cpp reads keys LANES at a time: transposed key caches carry LANES spare columns
-ARCHS = ("llama", "qwen2")  # full attention, RMSNorm, rotate-half rotary, SiLU-gated MLP
+ARCHS = ("llama", "qwen2", "qwen3")  # full attention, RMSNorm, rotate-half rotary, SiLU-gated MLP; qwen3: per-head
+# RMSNorm of queries and keys before the rotary (q_norm, k_norm)
 STATIC_ROPE = ("default", "linear", "llama3")  # cos/sin depend on the position alone
 
 
@@ -65,7 +66,7 @@ def kernels() -> bool:
 
 
 def supported(model, packed: dict | None = None) -> bool:
-    """A model whose decode step `LlamaDecoder` computes exactly: Llama or Qwen2 layers, fp32 on CPU; its
+    """A model whose decode step `LlamaDecoder` computes exactly: Llama, Qwen2 or Qwen3 layers, fp32 on CPU; its
     projections plain nn.Linear, or anything `packed` holds (peft's LoRA linears, folded: backends/cpu.py)."""
     cfg, inner = model.config, getattr(model, "model", None)
     linear = lambda m: type(m) is torch.nn.Linear or id(m) in (packed or {})  # noqa: E731
@@ -79,13 +80,13 @@ def supported(model, packed: dict | None = None) -> bool:
             or 2 * inner.rotary_emb.inv_freq.numel() != head_dim  # rotary on every dimension
             or type(getattr(inner, "embed_tokens", None)) is not torch.nn.Embedding):
         return False
+    rms = lambda m: type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")  # noqa: E731
+    qk_norms = ("q_norm", "k_norm") if cfg.model_type == "qwen3" else ()
     for layer in inner.layers:
         attn = getattr(layer, "self_attn", None)
-        if not (attn is not None and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        if not (attn is not None and all(rms(getattr(attn, k, None)) for k in qk_norms) and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 and _is_gated_silu_mlp(getattr(layer, "mlp", None), linear)
-                and all(type(getattr(layer, k, None)).__name__.endswith("RMSNorm")
-                        and hasattr(getattr(layer, k), "variance_epsilon")
-                        for k in ("input_layernorm", "post_attention_layernorm"))):
+                and all(rms(getattr(layer, k, None)) for k in ("input_layernorm", "post_attention_layernorm"))):
             return False
     return True
 
@@ -104,6 +105,16 @@ def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_
     return LlamaDecoder(model, packed, cache, mask, n, max_new_tokens)
 
 
+def _norm_heads(ops, qkv, qk_norm, heads, kv_heads):
+    """Qwen3's RMSNorm over each query and key head (weights of size d) -> qkv with q and k normalised."""
+    A, d = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], -1)  # (A, heads d), (A, kv d), (A, kv d)
+    (qw, q_eps), (kw, k_eps) = qk_norm
+    q = ops.rms_norm(q.reshape(A * heads, d), qw, q_eps).view(A, -1)
+    k = ops.rms_norm(k.reshape(A * kv_heads, d), kw, k_eps).view(A, -1)
+    return torch.cat([q, k, v], -1)
+
+
 def _linear_add(x, residual, w, b=None):
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")  # residual + x @ w.T + b
 
@@ -117,12 +128,14 @@ class LlamaDecoder:
         cfg, inner = model.config, model.model
         attn0 = inner.layers[0].self_attn
         self.n, self.heads, self.scale = n, cfg.num_attention_heads, attn0.scaling
+        norm = lambda m: (m.weight.detach(), m.variance_epsilon)  # noqa: E731
         self.embed = inner.embed_tokens.weight.detach()
-        self.final_norm = (inner.norm.weight.detach(), inner.norm.variance_epsilon)
+        self.final_norm = norm(inner.norm)
         self.head = packed[id(model.lm_head)][:2]
         P, Lp = mask.shape
         self.start = (Lp - mask.sum(-1)).contiguous()  # (P,) first real position of each left-padded prompt
         d, nkv = cache.layers[0].keys.shape[-1], cache.layers[0].keys.shape[1]
+        self.kv_heads = nkv
         # cos / sin (T, d) of every position a row can reach; each step picks its rows'
         positions = torch.arange(Lp + max_new_tokens + 1)[None]
         cos, sin = inner.rotary_emb(self.embed[:1], positions)  # (1, T, d) each
@@ -140,8 +153,8 @@ class LlamaDecoder:
             assert gu[2] == 0 and packed[id(m.up_proj)][3] == 2 * m.gate_proj.out_features  # fused as [gate | up]
             self.layers.append(dict(
                 qkv=qkv[:2], o=o[:2], gu=gu[:2], down=down[:2],
-                norm1=(layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon),
-                norm2=(layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon),
+                norm1=norm(layer.input_layernorm), norm2=norm(layer.post_attention_layernorm),
+                qk_norm=(norm(a.q_norm), norm(a.k_norm)) if hasattr(a, "q_norm") else None,  # qwen3
                 prompt_k=F.pad(kv.keys.transpose(-1, -2), (0, LANES)).contiguous(),  # (P, nkv, d, Lp + LANES)
                 prompt_v=kv.values.contiguous(),  # (P, nkv, Lp, d)
                 k=k, v=v))
@@ -153,6 +166,8 @@ class LlamaDecoder:
         for p in self.layers:
             x = ops.rms_norm(h, *p["norm1"])
             qkv = _linear(x, *p["qkv"])  # (A, (heads + 2 kv heads) d)
+            if p["qk_norm"]:
+                qkv = _norm_heads(ops, qkv, p["qk_norm"], self.heads, self.kv_heads)
             o = ops.decode_attention(qkv, cos, sin, p["prompt_k"], p["prompt_v"], p["k"], p["v"], rows, self.start,
                                      self.n, t, self.heads, self.scale)  # (A, heads d)
             h = _linear_add(o, h, *p["o"])
