@@ -1,7 +1,11 @@
 """The CPU decode step (nanorl/backends/decode.py, cpu_decode.cpp) against plain PyTorch and the model's own forward."""
 
 import math
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,6 +160,19 @@ def test_rollouts_of_both_steps_have_the_models_logprobs(ops, tiny):
         ref, _ = token_logprobs(model, collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu"))
         for i, lp in enumerate(out.logprobs):
             assert torch.allclose(ref[i, :len(lp)], lp, atol=1e-5)
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_run(ops, tmp_path):
+    """torch's build lock is a file: a run killed while it held it (building, or checking the build at start) left
+    it behind, and every later run waited on it forever. A finished build beside such a lock still loads."""
+    env = {**os.environ, "NANORL_CACHE": str(tmp_path)}
+    code = "from nanorl.backends import decode; print(decode.{}())"
+    build = Path(subprocess.check_output([sys.executable, "-c", code.format("build_folder")], env=env, text=True).strip())
+    shutil.copytree(decode.build_folder(), build)  # this process's build (the ops fixture)
+    (build / "lock").touch()
+    out = subprocess.run([sys.executable, "-c", code.format("kernels")], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
 def test_other_models_and_settings_fall_back_to_the_models_forward(tiny):

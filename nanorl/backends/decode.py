@@ -19,6 +19,7 @@ the sampler runs the model's forward: the same distribution, somewhat slower.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import platform
@@ -44,20 +45,30 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-@functools.cache
-def kernels() -> bool:
-    """Build (once per machine: -march=native) and load cpu_decode.cpp; False, with a warning, if that fails."""
+def build_folder() -> Path:
+    """Where the kernels are built: nanorl's cache, one folder per source, torch version and CPU."""
     from nanorl.cache import cache_dir
 
     key = hashlib.sha256(b"|".join(s.encode() for s in (SOURCE.read_text(), torch.__version__, _cpu_flags())))
-    name = f"nanorl_cpu_{key.hexdigest()[:16]}"
-    build = cache_dir() / "kernels" / name
+    return cache_dir() / "kernels" / f"nanorl_cpu_{key.hexdigest()[:16]}"
+
+
+@functools.cache
+def kernels() -> bool:
+    """Build (once per machine: -march=native) and load cpu_decode.cpp; False, with a warning, if that fails."""
+    build = build_folder()
     try:
         from torch.utils.cpp_extension import load
 
         build.mkdir(parents=True, exist_ok=True)
-        load(name=name, sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
-             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+        # torch's own lock is a file that stays if its holder is killed mid-build (Ctrl-C in the first seconds of a
+        # run), and then every later run waits on it forever. This lock the kernel drops when its holder dies, and
+        # whoever holds it may remove a stale torch lock: no other nanorl process is building.
+        with open(build / "build.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (build / "lock").unlink(missing_ok=True)
+            load(name=build.name, sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
+                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
         return hasattr(torch.ops.nanorl_cpu, "decode_attention")
     except Exception as e:  # no compiler, no ninja, a read-only cache, ...
         warnings.warn(f"nanorl: could not build the CPU decode kernels ({type(e).__name__}: {str(e)[:300]}); "
