@@ -1,7 +1,15 @@
 """Shared fixtures: a tiny random Llama and a char-level chat tokenizer, built offline (no downloads)."""
 
-import pytest
-import torch
+import os
+
+# MKL's matmuls may depend on the memory alignment of their operands (on an AMD EPYC, family 25 model 17, with
+# --backend torch: a resumed process, with another heap layout, parted from the uninterrupted run in the last bits
+# at its second step). Its conditional numerical reproducibility mode makes the bit-for-bit comparisons of runs
+# hold on any CPU; set before torch loads MKL, inherited by the tests' subprocesses.
+os.environ.setdefault("MKL_CBWR", "AUTO")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from nanorl.models import tiny_model_and_tokenizer
 
