@@ -36,8 +36,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 # The process group this module joined (then `finish` leaves it), as its side group for waits on the main process
-# alone (a model's load, the final model's write and LoRA merge): gloo with a long timeout, where a collective on
-# nccl's default group gives up after 10 minutes.
+# alone under FSDP (the model's load, the final model's write and LoRA merge into its base read back from disk):
+# gloo with a long timeout, where a collective on nccl's default group gives up after 10 minutes. Under ddp: None
+# (every rank loads and merges its own copy; no gloo connection between nodes is asked of a ddp run).
 STARTED: list = []
 LONG_WAIT = datetime.timedelta(hours=4)
 
@@ -67,7 +68,7 @@ def init(device: torch.device, cfg=None) -> torch.device:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        STARTED.append(dist.new_group(backend="gloo", timeout=LONG_WAIT))
+        STARTED.append(dist.new_group(backend="gloo", timeout=LONG_WAIT) if sharding else None)
     if cfg is not None and (world_size() > 1 or getattr(cfg, "strategy", "ddp") != "ddp"):
         check(cfg)
     return device
@@ -161,7 +162,8 @@ def load(load_fn, name: str, device, dtype, cfg):
     if getattr(cfg, "strategy", "ddp") != "fsdp" or world_size() == 1:
         return load_fn(name, "cpu" if getattr(cfg, "strategy", "ddp") == "fsdp" else device, dtype)
     # the others wait for the main process's load, which may download or convert the model: on the side group
-    group = STARTED[0] if STARTED else dist.new_group(backend="gloo", timeout=LONG_WAIT)
+    own = not STARTED or STARTED[0] is None  # no side group (a caller's process group): one for this wait
+    group = dist.new_group(backend="gloo", timeout=LONG_WAIT) if own else STARTED[0]
     box: list = [None]
     error = None
     if is_main():
@@ -175,7 +177,7 @@ def load(load_fn, name: str, device, dtype, cfg):
                 f"({type(e).__name__}: {e}); use --strategy ddp for this model")
             box = [_sendable(error)]
     dist.broadcast_object_list(box, src=0, group=group)
-    if not STARTED:
+    if own:
         dist.destroy_process_group(group)
     if isinstance(box[0], Exception):
         raise error or box[0]
@@ -344,6 +346,6 @@ def load_optimizer_state(model, opt, state: dict, checkpoint) -> None:
 def finish() -> None:
     """Leave the process group at the end of a run, if `init` joined it (not one the caller set up)."""
     if initialized() and STARTED:
-        dist.barrier(group=STARTED[0])  # the main process may still be writing (and merging) the final model
+        dist.barrier(group=STARTED[0])  # fsdp: the main process may still be writing and merging the final model
         dist.destroy_process_group()
         STARTED.clear()
