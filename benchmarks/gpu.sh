@@ -15,8 +15,10 @@
 #   strategies  strategies.py: ddp against fsdp under torchrun with one process (nccl takes one device per
 #               process, so FSDP2 shards over a world of one), full and LoRA: step time, tokens/s, peak memory,
 #               the final weights compared                                  OUT/strategies, OUT/strategies_lora (~2)
-# Each stage runs under `timeout` (GPU_SH_STAGE_TIMEOUT seconds, default 300); a failed stage is reported and the
-# next one runs; the last line lists every stage's status and seconds (also in OUT/stages.txt).
+# Each stage runs under `timeout` (GPU_SH_STAGE_TIMEOUT seconds, default 300), cut to what is left of
+# GPU_SH_DEADLINE (seconds for the whole script, default none; a stage that would get under 20 s is skipped); a
+# failed stage is reported and the next one runs; the last lines list every stage's status and seconds (also in
+# OUT/stages.txt). Use the deadline, not an outer `timeout`: that would kill this script but not the stage under way.
 #
 # A MODEL folder holding only config.json and tokenizer files gets random weights (seed 0) in a temporary folder:
 # the speed of a step does not depend on the weights, except that a random model never samples its stop token, so
@@ -25,9 +27,9 @@
 # On a GPU lent through the `device` tool (no network there; 15 minutes of device time, 10 per call): here, once,
 # `bash benchmarks/gpu_prepare.sh` (model shapes in .gpu/, wheels of TRL and datasets in .whl/), then one run with
 # carry [".gpu", ".whl"] and timeout_s 560, the stages that matter first (the whole list takes about 15 minutes);
-# the outer timeout leaves time to pack what was written (only 8 files come back from $OUT):
+# the deadline leaves time to pack what was written (only 8 files come back from $OUT):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site;
-#   GPU_SH_STAGE_TIMEOUT=200 timeout 500 bash benchmarks/gpu.sh .gpu/smollm2-135m-shape /tmp/r
+#   GPU_SH_STAGE_TIMEOUT=200 GPU_SH_DEADLINE=480 bash benchmarks/gpu.sh .gpu/smollm2-135m-shape /tmp/r
 #   tests,lora_speed,lora,strategies; tar czf $OUT/r.tgz -C /tmp r
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,12 +38,15 @@ out=${2:-results/speed_gpu}
 stages=${3:-tests,speed,speed_big,lora_speed,lora,strategies}
 device=${GPU_SH_DEVICE:-cuda}
 limit=${GPU_SH_STAGE_TIMEOUT:-300}
+deadline=$((SECONDS + ${GPU_SH_DEADLINE:-1000000}))
+[ -n "${stages//,/}" ] || { echo "gpu.sh: no stage named" >&2; exit 2; }
 for s in ${stages//,/ }; do
   case $s in tests|speed|speed_big|lora_speed|lora|strategies) ;; *) echo "gpu.sh: unknown stage '$s'" >&2; exit 2;; esac
 done
 mkdir -p "$out"
 if [ -d "$model" ] && ! ls "$model"/*.safetensors >/dev/null 2>&1; then
   random_model=$(mktemp -d)/model
+  trap 'rm -rf "$(dirname "$random_model")"' EXIT
   python3 - "$model" "$random_model" <<'PY' || exit 1
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -65,25 +70,27 @@ print("[gpu]", torch.cuda.get_device_name() if torch.cuda.is_available() else "n
 PY
 # The 1.5B shape on a GPU only: on a CPU (the plumbing check) it takes minutes a mode.
 models=$model$([ "$device" = cuda ] && echo ,qwen2.5-1.5b-shaped)
-speed="python3 benchmarks/speed.py --device $device --model $model"
+speed=(python3 benchmarks/speed.py --device "$device" --model "$model")
 summary=()
 stage() {  # stage NAME COMMAND...: run under the time limit, log to OUT/NAME.log, record the status
   local name=$1; shift
-  local t0=$SECONDS
-  echo "[gpu] stage $name: $*"
-  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | tail -n 25
+  local t0=$SECONDS cap=$((deadline - SECONDS))
+  cap=$((cap < limit ? cap : limit))
+  if [ "$cap" -lt 20 ]; then summary+=("$name: skipped, the deadline is near"); return; fi
+  echo "[gpu] stage $name (at most $cap s): $*"
+  timeout -k 30 "$cap" "$@" 2>&1 | tee "$out/$name.log" | tail -n 25
   local rc=${PIPESTATUS[0]}
-  local what=ok; [ "$rc" = 124 ] && what="timed out after ${limit} s"; [ "$rc" != 0 ] && [ "$rc" != 124 ] && what="failed ($rc)"
+  local what=ok; [ "$rc" = 124 ] && what="timed out after $cap s"; [ "$rc" != 0 ] && [ "$rc" != 124 ] && what="failed ($rc)"
   summary+=("$name: $what, $((SECONDS - t0)) s")
 }
 for s in ${stages//,/ }; do
   case $s in
     tests) stage tests python3 -m pytest -q -m gpu tests ;;
     # One micro-batch for the whole batch on the GPU (TRL's per-device batch is the whole batch too).
-    speed) stage speed $speed --micro-batch-size 64 --out "$out/8x8x32" ;;
-    speed_big) stage speed_big $speed --micro-batch-size 256 --out "$out/32x8x256" \
+    speed) stage speed "${speed[@]}" --micro-batch-size 64 --out "$out/8x8x32" ;;
+    speed_big) stage speed_big "${speed[@]}" --micro-batch-size 256 --out "$out/32x8x256" \
                  --parts roofline,generate,nanorl,trl --prompts 32 --samples 8 --new-tokens 256 ;;
-    lora_speed) stage lora_speed $speed --micro-batch-size 64 --lora-r 16 --parts nanorl,trl --out "$out/8x8x32_lora" ;;
+    lora_speed) stage lora_speed "${speed[@]}" --micro-batch-size 64 --lora-r 16 --parts nanorl,trl --out "$out/8x8x32_lora" ;;
     lora) stage lora python3 benchmarks/lora_memory.py --device "$device" --reps 2 --micro 64 \
             --modes lora,lora+ckpt,full,full+ckpt --models "$models" --tokenizer "$model" --out "$out/lora" ;;
     strategies) stage strategies python3 benchmarks/strategies.py --device "$device" --model "$model" --out "$out/strategies"

@@ -31,10 +31,15 @@ model.config.save_pretrained(".gpu/tiny-shape")
 tok.save_pretrained(".gpu/tiny-shape")
 print(f"[prepare] .gpu/smollm2-135m-shape ({', '.join(sorted(p.name for p in dst.iterdir()))}) and .gpu/tiny-shape")
 EOF
-rm -f .whl/*.whl
-pins=$(python3 -m pip list --format freeze 2>/dev/null | grep -iE '^(trl|datasets|dill|multiprocess)==')
+pins=$(python3 -m pip list --format freeze 2>/dev/null | grep -iE '^(trl|datasets|dill|multiprocess)==' || true)
+if [ "$(echo "$pins" | grep -c ==)" != 4 ]; then
+  echo "gpu_prepare.sh: trl, datasets, dill and multiprocess must be installed here (pip install -e \".[bench]\"); found: ${pins:-none}" >&2
+  exit 1
+fi
+tmp=$(mktemp -d)
 # shellcheck disable=SC2086
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl $pins
+  -d "$tmp" $pins
+rm -f .whl/*.whl && mv "$tmp"/*.whl .whl/ && rmdir "$tmp"
 echo "[prepare] .whl: $(ls .whl | tr '\n' ' ')($(du -sh .whl | cut -f1))"
