@@ -95,7 +95,8 @@ def supported(model, packed: dict | None = None) -> bool:
     qk_norms = ("q_norm", "k_norm") if cfg.model_type == "qwen3" else ()
     for layer in inner.layers:
         attn = getattr(layer, "self_attn", None)
-        if not (attn is not None and all(rms(getattr(attn, k, None)) for k in qk_norms) and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        if not (attn is not None and all(rms(getattr(attn, k, None)) for k in qk_norms)
+                and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 and _is_gated_silu_mlp(getattr(layer, "mlp", None), linear)
                 and all(rms(getattr(layer, k, None)) for k in ("input_layernorm", "post_attention_layernorm"))):
             return False
