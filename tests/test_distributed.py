@@ -337,9 +337,10 @@ distributed.finish()
 def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(tmp_path):
     """Under FSDP only the main process reads the model; the other gets its skeleton on the meta device and its
     shards from the main process, and computes what one process would. A load that fails on the main process
-    fails on every rank with its message (none waits), and so does a model whose skeleton cannot be pickled. `spread`: rank 0 computes parts 0-1 (and repeats part 0 to
-    pair its FSDP forwards with rank 1's three), rank 1 parts 2-4, and both get all five results in order. With
-    dtype bf16-mixed the gathered weights are bf16 (the shards stay fp32)."""
+    fails on every rank with its message (none waits), and so does a model whose skeleton cannot be pickled.
+    `spread`: rank 0 computes parts 0-1 (and repeats part 0 to pair its FSDP forwards with rank 1's three), rank 1
+    parts 2-4, and both get all five results in order. With dtype bf16-mixed the gathered weights are bf16 (the
+    shards stay fp32)."""
     from nanorl.models import load_model
 
     (tmp_path / "load.py").write_text(LOADER)
