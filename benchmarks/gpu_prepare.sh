@@ -19,7 +19,7 @@ python3 - <<'EOF'
 import shutil
 from pathlib import Path
 
-from nanorl.integrations.hub import resolve_model_path, tiny_model_and_tokenizer
+from nanorl.hub import resolve_model_path, tiny_model_and_tokenizer
 
 src, dst = resolve_model_path("smollm2-135m"), Path(".gpu/smollm2-135m-shape")
 dst.mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
 """Advantages: pure functions from rewards to advantages, per sequence (GRPO family) or per token (GAE).
 
-rewards (N,) are ordered group by group: sample i belongs to prompt i // G.
+rewards (N,) are ordered group by group: sample i belongs to prompt i // group_size.
 
 - GRPO (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2): A_i = (r_i - mean(r_group)) / std(r_group).
 - Dr. GRPO (arXiv 2503.20783, sec. 3.1): A_i = r_i - mean(r_group); the std division up-weights
@@ -31,7 +31,7 @@ def _centre(r: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
                      lengths: torch.Tensor | None = None, std_correction: int = 0):
     """GRPO / Dr. GRPO. A group whose rewards are all equal gets advantage 0 exactly (never NaN)."""
-    r = rewards.float().view(-1, group_size)  # (groups, G)
+    r = rewards.float().view(-1, group_size)  # (groups, group_size)
     centered = _centre(r, r.mean(dim=1, keepdim=True))
     adv = centered / (r.std(dim=1, correction=std_correction, keepdim=True) + eps) if scale_by_std else centered
     return adv.view(-1)  # (N,)
@@ -39,11 +39,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-6,
                     lengths: torch.Tensor | None = None, std_correction: int = 0):
-    """RLOO: each sample's baseline is the mean reward of the *other* G - 1 samples of its group."""
+    """RLOO: each sample's baseline is the mean reward of the *other* group_size - 1 samples of its group."""
     if group_size < 2:
         raise ValueError("config key 'samples_per_prompt': RLOO needs at least 2 samples per prompt")
-    r = rewards.float().view(-1, group_size)  # (groups, G)
-    baseline = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)  # (groups, G) excludes sample i
+    r = rewards.float().view(-1, group_size)  # (groups, group_size)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)  # (groups, group_size) excludes sample i
     adv = _centre(r, baseline)
     if scale_by_std:
         adv = adv / (r.std(dim=1, correction=std_correction, keepdim=True) + eps)
@@ -75,7 +75,7 @@ def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std:
                            lengths: torch.Tensor | None = None, std_correction: int = 0):
     """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's tokens. Groups with equal
     rewards get the shift of that whitening, not 0: they are trained, as in verl and OpenRLHF."""
-    r = rewards.float().view(-1, group_size)  # (groups, G)
+    r = rewards.float().view(-1, group_size)  # (groups, group_size)
     centred = _centre(r, r.mean(dim=1, keepdim=True)).view(-1)  # (N,)
     return batch_advantages(centred, group_size, scale_by_std, eps, lengths, std_correction)
 

@@ -1,4 +1,4 @@
-"""Where nanorl keeps what it makes once and reuses: converted models (integrations/hub.py), the compiled CPU
+"""Where nanorl keeps what it makes once and reuses: converted models (hub.py), the compiled CPU
 decode kernels (backends/decode.py) and the SQL task's database (tasks/sql.py).
 
 NANORL_CACHE, else $XDG_CACHE_HOME/nanorl, else ~/.cache/nanorl.

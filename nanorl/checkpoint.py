@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from nanorl.config import ConfigError, to_dict
-from nanorl.integrations import distributed
-from nanorl.integrations.lora import load_adapter
+from nanorl.config import to_dict
+from nanorl.errors import ConfigError
+from nanorl import distributed
 
 
 def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None,
@@ -85,6 +85,8 @@ def save_final(path: Path, model, tok, merge_lora: bool = True, load_base=None) 
     FSDP no process holds the whole model to merge: the adapter is written, and the main process reads it back
     onto its CPU with its base (`load_base(name, device, dtype)`, as lora.load_adapter takes it) and merges."""
     if hasattr(model, "peft_config") and merge_lora and distributed.sharded(model):
+        from nanorl.integrations.lora import load_adapter
+
         save(path, model, tok)
         dtype = next(model.parameters()).dtype
         model = (load_adapter(path, "cpu", dtype, load_base, trainable=False)[0].merge_and_unload()

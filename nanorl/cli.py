@@ -17,9 +17,9 @@ import json
 import os
 import sys
 
-from nanorl.config import ConfigError, DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig, parse_args
 from nanorl.checkpoint import Interrupted
-from nanorl.tasks import RewardSetupError
+from nanorl.config import DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig, parse_args
+from nanorl.errors import ConfigError, RewardSetupError
 
 TRAINERS = {"train": ("nanorl.grpo", GRPOConfig), "ppo": ("nanorl.ppo", PPOConfig), "dpo": ("nanorl.dpo", DPOConfig),
             "sft": ("nanorl.sft", SFTConfig), "rm": ("nanorl.reward_model", RMConfig)}
@@ -38,7 +38,8 @@ def eval_main(cfg: EvalConfig) -> None:
     model, tok = load_model(cfg.model, device, dtype)
     model.eval()
     sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
-    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.k, cfg.temperature, cfg.system_prompt)
+    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.k, cfg.temperature, cfg.system_prompt,
+                                top_p=cfg.top_p, top_k=cfg.top_k)
     print(json.dumps(metrics, indent=2))
     if cfg.out:
         with open(cfg.out, "w") as f:

@@ -11,205 +11,207 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanorl.integrations.trl import resolve_names
+from nanorl.errors import ConfigError
 
 
 def _f(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
+def defaults(**values):
+    """@defaults(lr=5e-6) in place of @dataclass: the class with other defaults for fields its bases declare, each
+    field keeping its one declaration (type and help)."""
+
+    def wrap(cls):
+        for name, value in values.items():
+            declared = next(vars(b)["__dataclass_fields__"][name] for b in cls.__mro__
+                            if name in vars(b).get("__dataclass_fields__", {}))
+            cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: declared.type}
+            setattr(cls, name, field(default=value, metadata=declared.metadata))
+        return dataclass(cls)
+
+    return wrap
+
+
+# ---------------------------------------------------------------------------- the parts commands share
+
+
 @dataclass
 class ModelConfig:
-    """The model and how it runs: every command has these."""
+    """The model and how it runs"""
 
     model: str = _f("smollm2-135m", "alias (smollm2-135m, tiny), Hugging Face hub id, local folder, or .gguf file")
-    device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = _f("auto", "'auto' (bf16-mixed on GPUs with bf16, else float32) | float32 | bf16-mixed (fp32 weights, bf16 matmuls) | bfloat16")
-    backend: str = _f("auto", "auto (nanorl's CPU speed-ups where they apply) | torch (plain PyTorch; env NANORL_BACKEND=torch)")
-
-
-@dataclass
-class RunConfig(ModelConfig):
-    """The fields every trainer has: where it writes, its seed, its checkpoints."""
-
-    out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
-    seed: int = _f(0, "seed for data order, sampling and initialisation")
-    report_to: str = _f("console", "besides the run folder's JSONL files: console (a line per step), tensorboard, wandb; comma-separated, or none")
-    max_bad_steps: int = _f(3, "stop after this many steps in a row whose updates were skipped for a NaN/inf gradient (0 = never)")
-    save_every: int = _f(20, "write a resumable checkpoint every N steps (0 = none; the final model is saved anyway); SIGINT / SIGTERM also write one")
-    keep_last: int = _f(1, "checkpoints kept: the latest in checkpoint/, older ones as checkpoint-step<N>/")
-    resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
-    lora_r: int = _f(0, "LoRA rank: train peft adapters only (0 = full fine-tuning); --model may also be an adapter folder")
-    lora_alpha: float = _f(32.0, "LoRA scale alpha (the update is alpha / r * B A)")
-    lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
-    lora_target: str = _f("all-linear", "LoRA target modules: all-linear (attention and MLP projections) or names, e.g. 'q_proj,v_proj'")
-    merge_lora: bool = _f(True, "LoRA: save the final model/ merged (loads without peft) rather than as the adapter alone")
-    strategy: str = _f("ddp", "under torchrun: ddp (each process holds the whole model) | fsdp (FSDP2: weights, gradients and AdamW state sharded over the processes)")
-    grad_checkpointing: bool = _f(False, "recompute each decoder layer's activations in the update's backward: less memory, about a third more compute")
-
-
-@dataclass
-class TaskConfig:
-    """A task and its reward: `nanorl train`, `nanorl ppo` and `nanorl eval` read them (tasks.task_from_config)."""
-
-    task: str = _f("arithmetic", "arithmetic | countdown | code | sql | gsm8k:FILE | a .jsonl/.csv/.parquet file or dataset folder")
-    reward: str = _f("", "reward spec replacing the task's own: 'math=1,answer_tag=0.2', module:function, file.py:function")
-    prompt_field: str = _f("prompt", "data files: the column holding the prompt (string or chat messages)")
-    answer_field: str = _f("answer", "data files: the column passed to the reward as `answer`")
-    acc_threshold: float = _f(1.0, "accuracy metrics count a completion correct when its reward is >= this (mean reward is logged too)")
-    reward_errors: str = _f("raise", "a reward that raises: raise (stop, naming prompt and completion) | zero (score 0, count)")
-    digits: int = _f(2, "arithmetic: digits per operand")
-    operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
-    eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
+    device: str = _f("auto", "auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    dtype: str = _f("auto", "auto: bf16-mixed on GPUs with bf16, else float32; bf16-mixed: fp32 weights, bf16 matmuls")
+    backend: str = _f("auto", "auto: nanorl's CPU speed-ups where they apply; torch: plain PyTorch (NANORL_BACKEND)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
 
 
 @dataclass
-class EvalConfig(ModelConfig, TaskConfig):
-    """Held-out greedy accuracy and pass@k of a model on a task (`nanorl eval`)."""
+class RunConfig:
+    """The run folder: what is written, evaluated, saved, and when a run stops"""
 
-    model: str = _f("", "the model to evaluate (required): alias, hub id, local folder, or .gguf file")
-    k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
-    temperature: float = _f(1.0, "sampling temperature for pass@k")
-    max_new_tokens: int = _f(32, "completion length cap")
-    out: str = _f("", "write metrics and greedy samples to this .json file ('' = print only)")
+    out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
+    seed: int = _f(0, "seed for data order, sampling and initialisation")
+    report_to: str = _f("console", "besides the JSONL files, comma-separated: console, tensorboard, wandb, or none")
+    eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
+    save_every: int = _f(20, "resumable checkpoint every N steps (0 = none); SIGINT / SIGTERM also write one")
+    keep_last: int = _f(1, "checkpoints kept: the latest in checkpoint/, older ones as checkpoint-step<N>/")
+    resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
+    max_bad_steps: int = _f(3, "stop after N steps in a row whose updates were skipped for a NaN/inf (0 = never)")
 
 
 @dataclass
-class OnlineConfig(RunConfig, TaskConfig):
-    """What every online RL loop has (GRPO's family in grpo.py, PPO in ppo.py)."""
+class ScaleConfig:
+    """Growing: LoRA adapters, several processes, memory"""
 
-    reward_model: str = _f("", "a reward model folder (`nanorl rm`, or any sequence-classification model) ('' = none)")
-    rm_weight: float = _f(1.0, "reward = rule_weight * task reward + rm_weight * reward-model score")
-    rule_weight: float = _f(1.0, "weight of the task's rule reward (0 with a reward model = the model alone)")
-    # --- rollout
-    steps: int = _f(40, "optimizer-step rounds: one rollout batch each")
-    prompts_per_step: int = _f(8, "distinct prompts per rollout batch")
-    samples_per_prompt: int = _f(8, "completions sampled per prompt (the GRPO group size)")
-    max_new_tokens: int = _f(32, "completion length cap; longer completions are marked truncated")
-    temperature: float = _f(1.0, "sampling temperature of rollouts (the policy is softmax(logits / T))")
-    top_p: float = _f(1.0, "nucleus sampling threshold for rollouts (1.0 = off)")
-    top_k: int = _f(0, "top-k sampling for rollouts (0 = off)")
-    # --- policy loss and the reference model
-    clip_low: float = _f(0.2, "clip ratios below 1 - clip_low (for negative advantages)")
-    clip_high: float = _f(0.2, "clip ratios above 1 + clip_high (for positive advantages); DAPO uses 0.28")
-    clip_ratio_c: float = _f(0.0, "dual-clip PPO: for negative advantages the loss is at most -A * c (> 1, e.g. 3; 0 = off)")
-    entropy_coef: float = _f(0.0, "entropy bonus: subtract coef * policy entropy per token from the loss (0 = off)")
-    is_mode: str = _f("none", "sampler/learner mismatch correction: none | token_truncate | token_mask | sequence_truncate | sequence_mask")
-    is_cap: float = _f(2.0, "mismatch correction: truncate the ratio pi_learner / pi_sampler at this, or mask outside [1/cap, cap]")
-    kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
-    kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3 (see losses.kl_penalty for which gradient each gives)")
-    # --- optimisation
+    lora_r: int = _f(0, "LoRA rank: train peft adapters only (0 = full fine-tuning); --model may be an adapter")
+    lora_alpha: float = _f(32.0, "LoRA scale alpha (the update is alpha / r * B A)")
+    lora_dropout: float = _f(0.0, "LoRA dropout: must be 0 (nanorl runs every model without dropout)")
+    lora_target: str = _f("all-linear", "LoRA target modules: all-linear, or names such as 'q_proj,v_proj'")
+    merge_lora: bool = _f(True, "LoRA: save the final model/ merged (loads without peft), else the adapter alone")
+    strategy: str = _f("ddp", "under torchrun: ddp (a whole model per process) | fsdp (FSDP2: all state sharded)")
+    grad_checkpointing: bool = _f(False, "recompute each layer's activations in the backward: less memory, ~1/3 more")
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation: AdamW, its schedule, batches"""
+
     lr: float = _f(2e-5, "peak AdamW learning rate")
     lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear (to 10% of peak)")
     warmup_steps: int = _f(3, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
-    epochs: int = _f(1, "passes over each rollout batch")
-    minibatch_size: int = _f(0, "sequences per optimizer step (0 = whole batch, fully on-policy)")
+    epochs: int = _f(1, "passes over each rollout batch (online) or over the training rows (offline)")
     micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation; no effect on the math)")
-    # --- eval and logging
-    eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
+
+
+@dataclass
+class TaskConfig:
+    """The task and its reward (tasks.task_from_config reads these)"""
+
+    task: str = _f("arithmetic", "arithmetic | countdown | code | sql | gsm8k:FILE | a data file or folder")
+    reward: str = _f("", "reward spec replacing the task's own: 'math=1,answer_tag=0.2', module:fn, file.py:fn")
+    prompt_field: str = _f("prompt", "data files: the column holding the prompt (string or chat messages)")
+    answer_field: str = _f("answer", "data files: the column passed to the reward as `answer`")
+    acc_threshold: float = _f(1.0, "accuracy metrics count a completion correct when its reward is >= this")
+    reward_errors: str = _f("raise", "a reward that raises: raise (stop, naming the input) | zero (score 0, count)")
+    digits: int = _f(2, "arithmetic: digits per operand")
+    operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
+    eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
+    max_new_tokens: int = _f(32, "completion length cap; longer completions are marked truncated")
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling (rollouts and pass@k; greedy evaluation ignores it)"""
+
+    temperature: float = _f(1.0, "sampling temperature (the policy is softmax(logits / T))")
+    top_p: float = _f(1.0, "nucleus sampling threshold (1.0 = off)")
+    top_k: int = _f(0, "top-k sampling (0 = off)")
+
+
+# ---------------------------------------------------------------------------- one config per command
+# A config's fields (config.json, --help) come base by base from the last base: bases are listed last part first.
+
+
+@defaults(model="")
+class EvalConfig(SamplingConfig, TaskConfig, ModelConfig):
+    """Held-out greedy accuracy and pass@k of a model on a task (`nanorl eval`; --model is required)"""
+
+    k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
+    out: str = _f("", "write metrics and greedy samples to this .json file ('' = print only)")
+
+
+@dataclass
+class OnlineConfig(OptimConfig, SamplingConfig, TaskConfig, ScaleConfig, RunConfig, ModelConfig):
+    """Online RL: rollouts, rewards, the policy loss and the reference (GRPO's family, PPO)"""
+
+    reward_model: str = _f("", "a reward model folder (`nanorl rm`, or any sequence-classification model)")
+    rm_weight: float = _f(1.0, "reward = rule_weight * task reward + rm_weight * reward-model score")
+    rule_weight: float = _f(1.0, "weight of the task's rule reward (0 with a reward model = the model alone)")
+    steps: int = _f(40, "optimizer-step rounds: one rollout batch each")
+    prompts_per_step: int = _f(8, "distinct prompts per rollout batch")
+    samples_per_prompt: int = _f(8, "completions sampled per prompt (the group size)")
+    minibatch_size: int = _f(0, "sequences per optimizer step (0 = the whole batch, fully on-policy)")
+    clip_low: float = _f(0.2, "clip ratios below 1 - clip_low (for negative advantages)")
+    clip_high: float = _f(0.2, "clip ratios above 1 + clip_high (for positive advantages); DAPO uses 0.28")
+    clip_ratio_c: float = _f(0.0, "dual-clip PPO: a negative advantage's loss is at most -A * c (> 1; 0 = off)")
+    entropy_coef: float = _f(0.0, "entropy bonus: subtract coef * the policy's entropy per token (0 = off)")
+    is_mode: str = _f("none", "sampler/learner mismatch correction (losses.mismatch_weights)")
+    is_cap: float = _f(2.0, "mismatch correction: truncate pi_learner / pi_sampler at this, or mask outside 1/cap..cap")
+    kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
+    kl_estimator: str = _f("k3", "KL estimator (losses.kl_penalty says which gradient each gives)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
 
 
 @dataclass
 class GRPOConfig(OnlineConfig):
-    """GRPO and its family on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300); `nanorl train`."""
+    """GRPO and its family on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300); `nanorl train`"""
 
-    # --- algorithm (`--algo` picks a preset of the knobs below; explicit keys override it)
-    algo: str = _f("grpo", "preset: grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp (see README, Algorithms; PPO: `nanorl ppo`)")
-    adv_estimator: str = _f("group", "group (GRPO) | rloo (leave-one-out) | batch (REINFORCE++: whiten over the batch's tokens) | group_batch (REINFORCE++-baseline)")
+    algo: str = _f("grpo", "a preset of the knobs below (docs/algorithms.md); explicit keys override it")
+    adv_estimator: str = _f("group", "group (GRPO) | rloo | batch (REINFORCE++) | group_batch (REINFORCE++-baseline)")
     scale_adv_by_std: bool = _f(True, "divide advantages by the std (GRPO); False = Dr. GRPO")
-    std_correction: int = _f(0, "std of the advantages: 0 = population std (nanorl) | 1 = sample std, Bessel's correction (TRL, verl)")
-    loss_agg: str = _f("token", "token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO) loss normaliser")
+    std_correction: int = _f(0, "the std of the advantages: 0 = population (nanorl) | 1 = sample (TRL, verl)")
+    loss_agg: str = _f("token", "loss normaliser: token (DAPO) | sequence (GRPO paper) | constant (Dr. GRPO)")
     ratio_level: str = _f("token", "importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
-    dynamic_sampling: int = _f(0, "DAPO: drop groups with equal rewards, refill with up to N extra rollout rounds (0 = off)")
-    overlong: str = _f("none", "long completions: none | filter (no loss on truncated ones) | soft (DAPO length penalty)")
-    overlong_buffer: int = _f(0, "soft overlong: penalty ramps 0 -> -1 over the last N new tokens (0 = a quarter)")
+    dynamic_sampling: int = _f(0, "DAPO: drop groups of equal rewards, refill with up to N more rounds (0 = off)")
+    overlong: str = _f("none", "long completions: none | filter (no loss on truncated) | soft (DAPO's penalty)")
+    overlong_buffer: int = _f(0, "soft overlong: penalty ramps 0 -> -1 over the last N tokens (0 = a quarter)")
     kl_placement: str = _f("loss", "KL as a loss term (GRPO) or as a detached penalty on the reward (PPO-RLHF)")
 
 
-@dataclass
+@defaults(out_dir="runs/ppo", prompts_per_step=16, samples_per_prompt=4, minibatch_size=32, kl_coef=0.02,
+          kl_estimator="k1")
 class PPOConfig(OnlineConfig):
-    """PPO with a learned critic, in the RLHF form (arXiv 1707.06347, 2203.02155); `nanorl ppo`. The KL to
-    the reference is a per-token penalty in the reward."""
+    """PPO with a learned critic, in the RLHF form (arXiv 1707.06347, 2203.02155); `nanorl ppo`. The KL to the
+    reference is a per-token penalty in the reward."""
 
-    out_dir: str = _f("runs/ppo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
-    prompts_per_step: int = _f(16, "distinct prompts per rollout batch")
-    samples_per_prompt: int = _f(4, "completions sampled per prompt")
-    minibatch_size: int = _f(32, "sequences per optimizer step (0 = whole batch)")
-    kl_coef: float = _f(0.02, "weight of the per-token KL penalty to the frozen reference model (0 = none loaded)")
-    kl_estimator: str = _f("k1", "KL estimator of the per-token penalty: k1 | k2 | k3")
-    # --- the critic and generalised advantage estimation
     critic_model: str = _f("", "critic initialisation: a reward-model folder, or '' = the policy's backbone")
     critic_lr: float = _f(2e-5, "peak AdamW learning rate of the critic")
     gamma: float = _f(1.0, "discount per token")
     gae_lambda: float = _f(0.95, "GAE lambda (1 = Monte-Carlo returns, 0 = one-step TD)")
     value_clip: float = _f(0.2, "clip the critic's new values to old +/- this (0 = off)")
-    target_kl: float = _f(0.0, "stop the epochs of a step early once the approximate KL to the rollout policy exceeds this (0 = off)")
+    target_kl: float = _f(0.0, "stop a step's epochs once the approximate KL to the rollout policy passes this")
 
 
-@dataclass
-class OfflineConfig(RunConfig):
-    """Shared by the offline trainers: DPO, SFT and the reward model."""
+@defaults(lr=5e-6, warmup_steps=2, micro_batch_size=16)
+class OfflineConfig(OptimConfig, ScaleConfig, RunConfig, ModelConfig):
+    """Offline training on rows (DPO, SFT, the reward model)"""
 
-    data: str = _f("builtin:arithmetic", "JSONL of {prompt, chosen, rejected} rows, or builtin:arithmetic (ships with nanorl)")
+    data: str = _f("builtin:arithmetic", "rows: prompt, chosen, rejected (SFT: prompt, completion or messages)")
     eval_fraction: float = _f(0.2, "fraction of the rows held out for evaluation (never trained on)")
-    system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
     max_length: int = _f(256, "prompt + reply tokens; longer replies are cut (counted in the metrics)")
-    epochs: int = _f(1, "passes over the training rows")
     batch_size: int = _f(16, "rows per optimizer step")
-    micro_batch_size: int = _f(16, "rows per forward/backward (gradient accumulation; no effect on the math)")
-    lr: float = _f(5e-6, "peak AdamW learning rate")
-    lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear (to 10% of peak)")
-    warmup_steps: int = _f(2, "linear warmup steps")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
-    eval_every: int = _f(10, "evaluate on the held-out rows every N steps (and at start and end)")
-    # --- generative trainers (DPO, SFT) also report greedy accuracy on a task
-    task: str = _f("arithmetic", "also measure greedy accuracy on this task's held-out split ('' = off)")
-    eval_size: int = _f(200, "held-out task prompts for that accuracy")
-    max_new_tokens: int = _f(32, "completion cap for that accuracy")
 
 
-@dataclass
-class DPOConfig(OfflineConfig):
-    """DPO on preference pairs (Rafailov et al. 2023, arXiv 2305.18290), with IPO and hinge variants."""
+@defaults(out_dir="runs/dpo")
+class DPOConfig(TaskConfig, OfflineConfig):
+    """DPO on preference pairs (Rafailov et al. 2023, arXiv 2305.18290), with IPO and hinge variants; the task's
+    greedy accuracy is measured at each evaluation (--task '' = off)"""
 
-    out_dir: str = _f("runs/dpo", "run folder: config, metrics.jsonl, eval results, final model")
     loss: str = _f("sigmoid", "sigmoid (DPO) | ipo (Azar et al. 2023) | hinge (SLiC-HF)")
     beta: float = _f(0.1, "strength of the implicit KL to the reference (the starting model)")
     label_smoothing: float = _f(0.0, "conservative DPO: assumed fraction of flipped labels (sigmoid loss only)")
 
 
-@dataclass
-class SFTConfig(OfflineConfig):
-    """Supervised fine-tuning on prompt/reply pairs or chat transcripts; loss on reply tokens only."""
-
-    out_dir: str = _f("runs/sft", "run folder: config, metrics.jsonl, eval results, final model")
-    data: str = _f("builtin:arithmetic", "JSONL of {prompt, completion} or {messages} rows; a preference "
-                   "file trains on its chosen replies")
-    lr: float = _f(2e-5, "peak AdamW learning rate")
+@defaults(out_dir="runs/sft", lr=2e-5)
+class SFTConfig(TaskConfig, OfflineConfig):
+    """Supervised fine-tuning on prompt/reply pairs or chat transcripts (a preference file trains on its chosen
+    replies); loss on reply tokens only; the task's greedy accuracy at each evaluation (--task '' = off)"""
 
 
-@dataclass
+@defaults(out_dir="runs/rm", lr=2e-5)
 class RMConfig(OfflineConfig):
-    """A Bradley-Terry reward model: a scalar head on a causal LM backbone, trained on preference pairs."""
-
-    out_dir: str = _f("runs/rm", "run folder: config, metrics.jsonl, eval results, the reward model")
-    lr: float = _f(2e-5, "peak AdamW learning rate")
-    task: str = _f("", "unused: a reward model does not generate")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work, named by its key; raised before any model is loaded."""
+    """A Bradley-Terry reward model: a scalar head on a causal LM backbone, trained on preference pairs"""
 
 
 COMMANDS = {GRPOConfig: "nanorl train", PPOConfig: "nanorl ppo", DPOConfig: "nanorl dpo", SFTConfig: "nanorl sft",
@@ -227,10 +229,12 @@ PRESETS: dict[str, dict] = {
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
     "reinforce_pp_baseline": {"adv_estimator": "group_batch", "scale_adv_by_std": True},  # verl, OpenRLHF
 }
+REPORT_TO = ("console", "tensorboard", "wandb", "none")  # logger.make_logger
 # The allowed values of each string key, for every config that has the key.
 CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_correction": (0, 1),
-           "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"), "loss_agg": ("token", "sequence", "constant"),
-           "ratio_level": ("token", "sequence"), "overlong": ("none", "filter", "soft"),
+           "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+           "loss_agg": ("token", "sequence", "constant"), "ratio_level": ("token", "sequence"),
+           "overlong": ("none", "filter", "soft"),
            "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
            "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"), "strategy": ("ddp", "fsdp"),
            "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge"),
@@ -279,10 +283,21 @@ def _convert(key: str, typ, value):
     return value
 
 
+def nanorl_names(cls, values: dict, prog: str) -> dict:
+    """The keys of a config dict in nanorl's names (dashes as underscores). Any other key, a TRL name or a typo, goes
+    to trl_names.resolve_names (loaded only then), which renames it or says what to write instead."""
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    if set(values) <= set(cls.__dataclass_fields__):
+        return values
+    from nanorl.trl_names import resolve_names
+
+    return resolve_names(cls, values, prog)
+
+
 def from_dict(cls, values: dict):
     """Build `cls` from a dict; unknown keys and wrong types raise ConfigError naming the key."""
     hints = typing.get_type_hints(cls)  # every field's type
-    values = resolve_names(cls, values)  # TRL's names for the same thing; did-you-mean for typos
+    values = nanorl_names(cls, values, COMMANDS.get(cls, "nanorl train"))  # TRL names; did-you-mean for typos
     if "algo" in hints:
         algo = str(values.get("algo", "grpo"))
         if algo == "ppo":
@@ -305,10 +320,12 @@ def validate(cfg) -> None:
             raise ConfigError(f"config key '{name}': must be {RULES[name][1]}, got {value!r}")
         if name in CHOICES and value not in CHOICES[name]:
             raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {value!r}")
-    if isinstance(cfg, RunConfig):
-        from nanorl.integrations.trackers import check_report_to
-
-        check_report_to(cfg.report_to)
+    if isinstance(cfg, RunConfig):  # every tracker named is known and installed
+        for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
+            if name not in REPORT_TO:
+                raise ConfigError(f"config key 'report_to': unknown logger {name!r} ({', '.join(REPORT_TO)})")
+            if name in ("tensorboard", "wandb") and importlib.util.find_spec(name) is None:
+                raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OnlineConfig):
@@ -344,16 +361,22 @@ def to_dict(cfg) -> dict:
 def parse_args(cls, argv: list[str], prog: str | None = None):
     """`--config file.yaml` then `--key value` overrides -> cls instance."""
     prog = prog or COMMANDS.get(cls, "nanorl")
-    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").split("\n")[0] or None,
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog=prog, description=" ".join((cls.__doc__ or "").split()), allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of config values (command-line flags override it)")
+    hints = typing.get_type_hints(cls)
+    groups = {}  # one section of --help per part of the config (the class that declares the field), as in the code
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        home = [b for b in cls.__mro__ if f.name in vars(b).get("__annotations__", {})][-1]
+        if home not in groups:
+            title = prog if home is cls else " ".join((home.__doc__ or home.__name__).split()).split(". ")[0]
+            groups[home] = parser.add_argument_group(title)
+        choices = f"; one of {'|'.join(map(str, CHOICES[f.name]))}" if f.name in CHOICES else ""
         # Values stay strings here; from_dict converts them so file and flags share one code path.
-        parser.add_argument(flag, f"--{f.name}", dest=f.name, default=argparse.SUPPRESS,  # a bare bool flag: true
-                            **({"nargs": "?", "const": "true"} if typing.get_type_hints(cls)[f.name] is bool else {}),
-                            metavar=typing.get_type_hints(cls)[f.name].__name__.upper(),
-                            help=f"{f.metadata['help']} (default: {f.default!r})".replace("%", "%%"))
+        flags = dict.fromkeys(["--" + f.name.replace("_", "-"), f"--{f.name}"])  # dashes or underscores
+        groups[home].add_argument(*flags, dest=f.name, default=argparse.SUPPRESS,
+                                  **({"nargs": "?", "const": "true"} if hints[f.name] is bool else {}),  # bare: true
+                                  metavar=hints[f.name].__name__.upper(),
+                                  help=f"{f.metadata['help']} (default: {f.default!r}{choices})".replace("%", "%%"))
     args, unknown = parser.parse_known_args(argv)
     extra: dict = {}  # other flags (TRL's names, typos) go to from_dict, which renames them or says what to write
     for i, item in enumerate(unknown):
@@ -375,6 +398,6 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
             raise ConfigError(f"config file {path}: not valid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping of key: value")
-        values = resolve_names(cls, loaded)
-    flags = resolve_names(cls, {**{k: v for k, v in vars(args).items() if k != "config"}, **extra})
+        values = nanorl_names(cls, loaded, prog)
+    flags = nanorl_names(cls, {**{k: v for k, v in vars(args).items() if k != "config"}, **extra}, prog)
     return from_dict(cls, {**values, **flags})  # the file, then the flags: each in nanorl's names, flags win

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import torch
 
-from nanorl.config import ConfigError, DPOConfig
+from nanorl.config import DPOConfig
+from nanorl.errors import ConfigError
 from nanorl.data import chunks, collate
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.losses import dpo_loss
 from nanorl.logprobs import AUTO, sequence_logprobs
 from nanorl.offline import describe_rows, fit, setup
-from nanorl.tasks import get_task
+from nanorl.tasks import task_from_config
 from nanorl.tasks.preferences import encode_rows, read_pairs
 
 
@@ -45,7 +46,7 @@ def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torc
 def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
     train_pairs, eval_pairs = read_pairs(cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed)
-    task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
+    task = task_from_config(cfg) if cfg.task else None
     policy, tok, device, backend, logger = setup(cfg, "dpo")
     pad = tok.pad_token_id
 

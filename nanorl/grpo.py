@@ -30,19 +30,17 @@ from pathlib import Path
 
 import torch
 
-from nanorl import checkpoint
+from nanorl import checkpoint, distributed, online
 from nanorl.advantages import ESTIMATORS
-from nanorl.config import ConfigError, GRPOConfig
+from nanorl.config import GRPOConfig
 from nanorl.data import chunks
-from nanorl.integrations import distributed
-from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
+from nanorl.errors import ConfigError
+from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty
 from nanorl.models import stop_token_ids
-from nanorl.online import (check_context, describe, due, finish, informative_groups, load_models,
-                           prepare, progress, reward_metrics, rollout_and_score, rollout_metrics, run_eval,
-                           sample_records, step_examples, time_metrics)
+from nanorl.online import informative_groups
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
@@ -90,53 +88,57 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
     if not isinstance(cfg, GRPOConfig):
         raise ConfigError(f"nanorl.grpo.train takes a GRPOConfig, got {type(cfg).__name__} (PPO: nanorl.ppo.train)")
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
-    cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, model, reward_funcs)  # seeds, task, resume?
-    policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer)
-    pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
+    cfg, device, backend, dtype, task, resuming = online.prepare(cfg, task, ckpt, model, reward_funcs)  # seeds, task
+    policy, tok, ref, rm = online.load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer)
+    pad_id, group_size = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
-    check_context(cfg, policy, tok, task)
+    online.check_context(cfg, policy, tok, task)
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
-    describe(cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
-             backend, out)
+    online.describe(cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
+                    backend, out)
     kl_in_reward = ref is not None and cfg.kl_placement == "reward"  # else the KL is a loss term (if any)
-    mb_size = cfg.minibatch_size or cfg.prompts_per_step * G
-    opt_steps_per_batch = cfg.epochs * (cfg.prompts_per_step * G // mb_size)
+    mb_size = cfg.minibatch_size or cfg.prompts_per_step * group_size
+    opt_steps_per_batch = cfg.epochs * (cfg.prompts_per_step * group_size // mb_size)
     on_policy = opt_steps_per_batch == 1  # then old log-probs are the current ones, detached
     opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
                                 cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
     start = checkpoint.load_state(ckpt, opt, sched, policy)["step"] if resuming else 0
     logger.rewind(start)  # resumed: lines the stopped run wrote after its checkpoint are redone below
-    first, last = checkpoint.first_eval(resuming, out, lambda at: run_eval(sampler, tok, task, cfg, logger, out, at),
-                                       start, cfg.steps)
-    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
-    bar = progress(start, cfg, cfg.algo)
+
+    def evaluate(at: int) -> dict:  # held-out greedy accuracy (and pass@k) of the policy after step `at`
+        return online.run_eval(sampler, tok, task, cfg, logger, out, at)
 
     def save(done: int) -> None:  # a resumable checkpoint after step `done`
         checkpoint.save(ckpt, policy, tok, opt, sched, done, keep_last=cfg.keep_last)
 
-    for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
-        # -------------------------------------------------------------- rollout + reward
+    first, last = checkpoint.first_eval(resuming, out, evaluate, start, cfg.steps)
+    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
+    for step in checkpoint.stoppable(online.progress(start, cfg, cfg.algo), save, ckpt):  # SIGINT/SIGTERM: save, stop
+        # -------------------------------------------------------------- rollout
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        examples = step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
-        seed = derive_seed(cfg.seed, step, "rollout")
-        roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
-                                                        backend, step)  # (N,)
+        examples = online.step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
+        roll, texts = online.rollout(sampler, tok, examples, cfg, derive_seed(cfg.seed, step, "rollout"), timer)
+
+        # -------------------------------------------------------------- reward
+        rewards, parts = online.reward(task, rm, examples, texts, roll, cfg, timer, device, backend, step)  # (N,)
         first_rewards, refills = rewards, 0
         while cfg.dynamic_sampling:  # DAPO eq. 11: keep only groups whose rewards differ; refill the batch
-            keep = informative_groups(rewards, G)
+            keep = informative_groups(rewards, group_size)
             if len(keep) >= cfg.prompts_per_step or refills == cfg.dynamic_sampling:
                 if keep:  # a full batch, or the informative part of it when the refills ran out
                     keep = keep[:cfg.prompts_per_step]
                     examples = [examples[g] for g in keep]
-                    roll, rewards = roll.groups(keep), rewards.view(-1, G)[keep].reshape(-1)
-                    texts = [texts[g * G + j] for g in keep for j in range(G)]
+                    roll, rewards = roll.groups(keep), rewards.view(-1, group_size)[keep].reshape(-1)
+                    texts = [texts[g * group_size + j] for g in keep for j in range(group_size)]
                 break
             refills += 1
             draw = random.Random(derive_seed(cfg.seed, step, "refill", refills))
             more = [task.train[i] for i in draw.sample(range(len(task.train)), cfg.prompts_per_step)]
             seed = derive_seed(cfg.seed, step, "rollout", refills)
-            r2, t2, rw2, _ = rollout_and_score(sampler, tok, task, rm, more, cfg, seed, timer, device, backend, step)
-            examples, roll, texts, rewards = examples + more, roll + r2, texts + t2, torch.cat([rewards, rw2])
+            more_roll, more_texts = online.rollout(sampler, tok, more, cfg, seed, timer)
+            more_rewards, _ = online.reward(task, rm, more, more_texts, more_roll, cfg, timer, device, backend, step)
+            examples, roll, texts = examples + more, roll + more_roll, texts + more_texts
+            rewards = torch.cat([rewards, more_rewards])
         batch = len(roll.completion_ids)
         t2 = time.perf_counter()
 
@@ -149,8 +151,8 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             shaped = shaped - cfg.kl_coef * kl_seq
         lengths = torch.tensor([len(c) for c in roll.completion_ids])  # (N,) the token-level estimators weigh by them
         everyone = distributed.gather  # this rank's rows -> every rank's: the global batch (one process: the same)
-        adv = ESTIMATORS[cfg.adv_estimator](everyone(shaped), G, cfg.scale_adv_by_std, lengths=everyone(lengths),
-                                            std_correction=cfg.std_correction)  # (N_all,)
+        adv = ESTIMATORS[cfg.adv_estimator](everyone(shaped), group_size, cfg.scale_adv_by_std,
+                                            lengths=everyone(lengths), std_correction=cfg.std_correction)  # (N_all,)
         n_all, mine = len(adv), distributed.share(len(adv))  # the global batch's size; this rank's rows of it
         adv = adv[mine]  # (N,)
 
@@ -175,23 +177,19 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         # -------------------------------------------------------------- log / eval / checkpoint
         first_rewards, rewards, shaped, kl_seq = map(everyone, (first_rewards, rewards, shaped, kl_seq))  # global
         metrics = {
-            **reward_metrics(first_rewards, {k: everyone(v) for k, v in parts.items()}, G, task.acc_threshold),
+            **online.reward_metrics(first_rewards, {k: everyone(v) for k, v in parts.items()}, group_size,
+                                    task.acc_threshold),
             "reward/trained_mean": rewards.mean().item(), "reward/shaped_mean": shaped.mean().item(),
-            "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills, "rollout/groups": len(rewards) // G,
-            "rollout/informative_groups": len(informative_groups(rewards, G)),
-            **rollout_metrics(everyone(lengths), everyone(torch.tensor(roll.truncated))),
+            "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills,
+            "rollout/groups": len(rewards) // group_size,
+            "rollout/informative_groups": len(informative_groups(rewards, group_size)),
+            **online.rollout_metrics(everyone(lengths), everyone(torch.tensor(roll.truncated))),
             **update_metrics(sums, opt_steps_per_batch), "optim/lr": sched.get_last_lr()[0],
             "reward/errors": distributed.reduce(timer.get("reward_errors", 0)),
-            **time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
+            **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }
-        logger.log_samples(sample_records(examples, texts, rewards, roll, G), step + 1)
-        if due(step + 1, cfg.eval_every, cfg.steps, at_end=True):
-            last = run_eval(sampler, tok, task, cfg, logger, out, step + 1)
-            metrics.update(last)
-        logger.log(metrics, step + 1)
-        bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
-        if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
-            save(step + 1)
+        samples = online.sample_records(examples, texts, rewards, roll, group_size)
+        last, bad_steps = online.end_of_step(step + 1, metrics, samples, cfg, logger, evaluate, save, last, bad_steps)
 
     # ------------------------------------------------------------------ finish
-    return finish(cfg, out, policy, tok, first, last, t_start, logger)
+    return online.finish(cfg, out, policy, tok, first, last, t_start, logger)

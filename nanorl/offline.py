@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from nanorl import checkpoint
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import chunks

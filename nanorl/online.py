@@ -5,7 +5,8 @@ Each is a plain function the loop calls where the reader can see it:
 
     device, backend, dtype, task, resuming = prepare(cfg, task, ckpt)    # device, backend, seeds, task, resume?
     policy, tok, ref, rm = load_models(cfg, device, dtype, start_from)   # reference only when kl_coef > 0
-    roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer)
+    roll, texts = rollout(sampler, tok, examples, cfg, seed, timer)                 # sample
+    rewards, parts = reward(task, rm, examples, texts, roll, cfg, timer, device)       # score
     metrics = run_eval(sampler, tok, task, cfg, logger, out, step)      # eval.jsonl + eval_samples.jsonl
     return finish(cfg, out, policy, tok, first, last, t_start, logger)   # model/, results.json
 """
@@ -23,16 +24,16 @@ import torch
 from tqdm.auto import tqdm
 
 from nanorl import checkpoint
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.checkpoint import check_resume
-from nanorl.config import ConfigError, OnlineConfig, to_dict, validate
+from nanorl.config import OnlineConfig, to_dict, validate
+from nanorl.errors import ConfigError
 from nanorl.data import chunks, encode_reply, render_prompt
 from nanorl.evaluate import evaluate
+from nanorl.learner import count_bad_steps
 from nanorl.logprobs import AUTO
-from nanorl.integrations.lora import AdapterOff, is_adapter
-from nanorl.models import check_tokenizer, load_model, resolve_device, trainable
-from nanorl.reward_model import load_reward_model, rm_scores
+from nanorl.models import check_tokenizer, is_adapter, load_model, resolve_device, trainable
 from nanorl.sampling import SamplingParams
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task, parse_reward_spec, task_from_config
@@ -103,11 +104,15 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
     policy = distributed.shard(trainable(policy, cfg), cfg).eval()  # LoRA adapters when cfg.lora_r > 0; FSDP
     ref = rm = None
     if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model) and start is None:
+        from nanorl.integrations.lora import AdapterOff
+
         ref = AdapterOff(policy)  # the starting model is the base: the adapters off, no second copy
     elif cfg.kl_coef > 0:
         ref = start if start is not None else distributed.load(load_model, cfg.model, device, dtype, cfg)[0]
         ref = distributed.shard(ref.eval().requires_grad_(False), cfg)
-    if cfg.reward_model:
+    if cfg.reward_model:  # reward_model.py loads only when a run has one
+        from nanorl.reward_model import load_reward_model
+
         model, rm_tok = distributed.load(load_reward_model, cfg.reward_model, device, dtype, cfg)
         rm = (distributed.shard(model.eval().requires_grad_(False), cfg), rm_tok)  # FSDP: sharded like the policy
     return policy, tok, ref, rm
@@ -140,22 +145,25 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
 # ---------------------------------------------------------------------------- rollout and reward
 
 
-def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig, seed: int, timer: dict, device,
-                      backend: Backend = AUTO, step: int = 0):
-    """Sample G completions per example and score them. -> rollouts, texts, rewards (N,), and the
-    reward's parts {name: (N,)} ("task" for a single rule, plus "rm" with a reward model);
-    rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
-    G = cfg.samples_per_prompt
+def rollout(sampler, tok, examples, cfg: OnlineConfig, seed: int, timer: dict):
+    """Sample samples_per_prompt completions of each example's prompt -> rollouts (N = prompts x group rows,
+    ordered group by group) and their texts."""
     t = time.perf_counter()
     prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
     first = distributed.rank() * len(examples)  # each prompt's draws come from its index in the global batch
     seeds = [derive_seed(seed, first + i, "prompt") for i in range(len(examples))]
-    roll = sampler.generate(prompts, G, sampling_params(cfg), seeds)
+    roll = sampler.generate(prompts, cfg.samples_per_prompt, sampling_params(cfg), seeds)
     timer["rollout"] += time.perf_counter() - t
     timer["tokens"] += sum(len(c) for c in roll.completion_ids)
-    t = time.perf_counter()
-    texts = [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
-    named, total, errors = task.score_parts([examples[i // G] for i in range(len(texts))], texts,
+    return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
+
+
+def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer: dict, device, backend: Backend = AUTO,
+           step: int = 0):
+    """Score each completion -> rewards (N,) and the reward's parts {name: (N,)} ("task" for a single rule, plus
+    "rm" with a reward model); rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
+    group_size, t = cfg.samples_per_prompt, time.perf_counter()
+    named, total, errors = task.score_parts([examples[i // group_size] for i in range(len(texts))], texts,
                                             completion_ids=roll.completion_ids, step=step, steps=cfg.steps)
     timer["reward_errors"] = timer.get("reward_errors", 0) + errors
     parts = {k: torch.tensor([float("nan") if x is None else x for x in v]) for k, v in named.items()}  # NaN: skipped
@@ -167,14 +175,16 @@ def rollout_and_score(sampler, tok, task: Task, rm, examples, cfg: OnlineConfig,
         parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)
         rewards = rewards + cfg.rm_weight * parts["rm"]
     timer["reward"] += time.perf_counter() - t
-    return roll, texts, rewards, parts
+    return rewards, parts
 
 
 @torch.no_grad()
 def rm_score(model, rm_tok, examples, texts, cfg: OnlineConfig, device, backend: Backend = AUTO) -> torch.Tensor:
     """The reward model's scores, re-tokenised with its own tokenizer (it may differ from the policy's)."""
-    G, out = cfg.samples_per_prompt, []
-    rows = [encode_reply(rm_tok, examples[i // G].prompt, t, cfg.system_prompt, 4096)[:2] for i, t in enumerate(texts)]
+    from nanorl.reward_model import rm_scores
+
+    group_size, out = cfg.samples_per_prompt, []
+    rows = [encode_reply(rm_tok, examples[i // group_size].prompt, t, cfg.system_prompt, 4096)[:2] for i, t in enumerate(texts)]
     for part in chunks(rows, cfg.micro_batch_size):
         out.append(rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device,
                              backend).cpu())
@@ -183,14 +193,14 @@ def rm_score(model, rm_tok, examples, texts, cfg: OnlineConfig, device, backend:
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
     """Indices of the groups whose rewards are not all equal (the only ones with a learning signal)."""
-    r = rewards.view(-1, group_size)  # (groups, G)
+    r = rewards.view(-1, group_size)  # (groups, group_size)
     return (r.amax(dim=1) > r.amin(dim=1)).nonzero().flatten().tolist()
 
 
-def reward_metrics(rewards: torch.Tensor, parts: dict, G: int, threshold: float = 1.0) -> dict:
+def reward_metrics(rewards: torch.Tensor, parts: dict, group_size: int, threshold: float = 1.0) -> dict:
     return {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
             "reward/acc": (next(iter(parts.values())) >= threshold).float().mean().item(),  # of the first rule part
-            "reward/frac_groups_with_variance": len(informative_groups(rewards, G)) / (len(rewards) // G),
+            "reward/frac_groups_with_variance": len(informative_groups(rewards, group_size)) / (len(rewards) // group_size),
             **{f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()}}  # over the samples it scored
 
 
@@ -207,10 +217,10 @@ def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: i
             "time/elapsed": time.perf_counter() - t_start}
 
 
-def sample_records(examples, texts, rewards, roll, G: int) -> list[dict]:
+def sample_records(examples, texts, rewards, roll, group_size: int) -> list[dict]:
     """A couple of the step's completions with their rewards, for samples.jsonl."""
-    return [{"prompt": examples[i // G].prompt, "completion": texts[i], "reward": rewards[i].item(),
-             "truncated": roll.truncated[i]} for i in range(0, len(texts), G * max(1, len(examples) // 2))]
+    return [{"prompt": examples[i // group_size].prompt, "completion": texts[i], "reward": rewards[i].item(),
+             "truncated": roll.truncated[i]} for i in range(0, len(texts), group_size * max(1, len(examples) // 2))]
 
 
 # ---------------------------------------------------------------------------- eval and finish
@@ -218,8 +228,8 @@ def sample_records(examples, texts, rewards, roll, G: int) -> list[dict]:
 
 def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int) -> dict:
     """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl."""
-    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature,
-                                cfg.system_prompt, step=step, steps=cfg.steps)  # steps: a TRL reward's trainer_state
+    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature, cfg.system_prompt,
+                                step=step, steps=cfg.steps, top_p=cfg.top_p, top_k=cfg.top_k)  # steps: TRL's trainer_state
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -236,6 +246,22 @@ def due(step: int, every: int, total: int, at_end: bool) -> bool:
     """Whether something done every `every` steps (0 = never) happens after `step` (1-based) of `total`:
     evaluations also after the last step (at_end), checkpoints not (the final model is saved anyway)."""
     return (bool(every) and step % every == 0 and step < total) or (at_end and step == total)
+
+
+def end_of_step(done: int, metrics: dict, samples: list[dict], cfg: OnlineConfig, logger, evaluate, save,
+                last: dict, bad_steps: int) -> tuple[dict, int]:
+    """The tail of every online step, after step `done` (1-based): a few samples to samples.jsonl, the held-out
+    evaluation when due (`evaluate(done)`, its metrics joining the step's), the step's metrics line, the NaN guard
+    (learner.count_bad_steps), and a checkpoint when due (`save(done)`). -> the latest evaluation, bad steps."""
+    logger.log_samples(samples, done)
+    if due(done, cfg.eval_every, cfg.steps, at_end=True):
+        last = evaluate(done)
+        metrics.update(last)
+    logger.log(metrics, done)
+    bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, done)
+    if due(done, cfg.save_every, cfg.steps, at_end=False):
+        save(done)
+    return last, bad_steps
 
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:

@@ -23,21 +23,19 @@ from pathlib import Path
 
 import torch
 
-from nanorl import checkpoint
+from nanorl import checkpoint, distributed, online
 from nanorl.advantages import gae, whiten
-from nanorl.config import ConfigError, PPOConfig
+from nanorl.config import PPOConfig
 from nanorl.data import chunks, right_pad
-from nanorl.integrations import distributed
-from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
+from nanorl.errors import ConfigError
+from nanorl.learner import make_optimizer, optimizer_step
 from nanorl.logger import make_logger
-from nanorl.losses import kl_penalty, value_loss
+from nanorl.losses import kl_penalty
 from nanorl.models import stop_token_ids, trainable
-from nanorl.online import (check_context, describe, due, finish, load_models, prepare, progress, reward_metrics,
-                           rollout_and_score, rollout_metrics, run_eval, sample_records, step_examples, time_metrics)
 from nanorl.reward_model import load_reward_model, token_values
 from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
-from nanorl.update import learner_logprobs, merge_stats, policy_backward, update_metrics
+from nanorl.update import learner_logprobs, merge_stats, policy_backward, update_metrics, value_backward
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -54,18 +52,18 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     if not isinstance(cfg, PPOConfig):
         raise ConfigError(f"nanorl.ppo.train takes a PPOConfig, got {type(cfg).__name__}")
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
-    cfg, device, backend, dtype, task, resuming = prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task, resume?
-    policy, tok, ref, rm = load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
-    pad_id, G = tok.pad_token_id, cfg.samples_per_prompt
+    cfg, device, backend, dtype, task, resuming = online.prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task
+    policy, tok, ref, rm = online.load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
+    pad_id, group_size = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
-    check_context(cfg, policy, tok, task)
-    critic, _ = distributed.load(load_reward_model, str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model),
-                                 device, dtype, cfg)
+    online.check_context(cfg, policy, tok, task)
+    critic_from = str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model)
+    critic, _ = distributed.load(load_reward_model, critic_from, device, dtype, cfg)
     critic = distributed.shard(trainable(critic, cfg, "SEQ_CLS"), cfg).eval()  # LoRA too when lora_r > 0; FSDP
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
-    describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
-             device, backend, out)
-    batch = cfg.prompts_per_step * G
+    online.describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0],
+                                       "critic": critic}, device, backend, out)
+    batch = cfg.prompts_per_step * group_size
     mb_size = cfg.minibatch_size or batch
     opt_steps_per_batch = cfg.epochs * (batch // mb_size)
     total = cfg.steps * opt_steps_per_batch
@@ -79,35 +77,29 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         critic_sched.load_state_dict(state["critic_scheduler"])
         start = state["step"]
         logger.rewind(start)  # lines the stopped run wrote after its checkpoint are redone below
-    first, last = checkpoint.first_eval(resuming, out, lambda at: run_eval(sampler, tok, task, cfg, logger, out, at),
-                                       start, cfg.steps)
-    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
-    bar = progress(start, cfg, "ppo")
+
+    def evaluate(at: int) -> dict:  # held-out greedy accuracy (and pass@k) of the policy after step `at`
+        return online.run_eval(sampler, tok, task, cfg, logger, out, at)
 
     def save(done: int) -> None:  # policy and critic in one checkpoint, written in one rename
         checkpoint.save(ckpt, policy, tok, opt, sched, done, {"critic_scheduler": critic_sched.state_dict()},
                         {"critic": critic}, cfg.keep_last, {"critic_optimizer": (critic, critic_opt)})
 
-    for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
-        # -------------------------------------------------------------- rollout + reward
+    first, last = checkpoint.first_eval(resuming, out, evaluate, start, cfg.steps)
+    bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
+    for step in checkpoint.stoppable(online.progress(start, cfg, "ppo"), save, ckpt):  # SIGINT/SIGTERM: save, stop
+        # -------------------------------------------------------------- rollout
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
-        examples = step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
-        seed = derive_seed(cfg.seed, step, "rollout")
-        roll, texts, rewards, parts = rollout_and_score(sampler, tok, task, rm, examples, cfg, seed, timer, device,
-                                                        backend, step)  # (N,)
-        t2 = time.perf_counter()
+        examples = online.step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
+        roll, texts = online.rollout(sampler, tok, examples, cfg, derive_seed(cfg.seed, step, "rollout"), timer)
 
-        # -------------------------------------------------------------- values, KL, per-token rewards
+        # -------------------------------------------------------------- reward: the sequence's, then per token
+        rewards, parts = online.reward(task, rm, examples, texts, roll, cfg, timer, device, backend, step)  # (n,)
+        t2 = time.perf_counter()
         everyone, mine = distributed.gather, distributed.share(batch)  # the global batch's rows; this rank's
         n, C = len(roll.completion_ids), distributed.reduce(max(len(c) for c in roll.completion_ids), "max")
         mask = right_pad([torch.ones(len(c)) for c in roll.completion_ids], C)  # (n, C) this rank's rows
         sampler_logp = right_pad(roll.logprobs, C)  # (n, C) the rollout policy's log-probs
-        old_values = torch.zeros(n, C)
-        with torch.no_grad():
-            for idx in chunks(list(range(n)), cfg.micro_batch_size):
-                v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
-                                 pad_id, device, backend)  # (b, c)
-                old_values[idx, :v.shape[1]] = v.cpu()
         ref_logp = (right_pad(learner_logprobs(ref, roll, cfg, pad_id, device, backend), C) if ref is not None
                     else sampler_logp)  # (n, C) the reference's log-probs; without one the sampler's: a KL of 0
         kl = kl_penalty(sampler_logp, ref_logp, cfg.kl_estimator) * mask  # (n, C), 0 without a reference
@@ -115,11 +107,17 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         last_token = mask.sum(-1).long() - 1  # (n,) index of each completion's last token
         token_rewards[torch.arange(n), last_token] += rewards  # the sequence reward arrives at the end
 
-        # -------------------------------------------------------------- advantage (GAE)
+        # -------------------------------------------------------------- advantage: the critic's values, GAE
+        old_values = torch.zeros(n, C)
+        with torch.no_grad():
+            for idx in chunks(list(range(n)), cfg.micro_batch_size):
+                v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
+                                 pad_id, device, backend)  # (b, c)
+                old_values[idx, :v.shape[1]] = v.cpu()
         adv_raw, returns = gae(token_rewards, old_values, mask, cfg.gamma, cfg.gae_lambda)  # (n, C) row by row
         adv = whiten(everyone(adv_raw), everyone(mask))[mine]  # whitened over the global batch's tokens
 
-        # -------------------------------------------------------------- update: actor and critic
+        # -------------------------------------------------------------- update: the policy and the critic
         sums, vsums = {}, {"loss": 0.0, "clipped": 0.0}
         learner_old = learner_logprobs(policy, roll, cfg, pad_id, device, backend) if cfg.is_mode != "none" else None
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
@@ -133,17 +131,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
                 grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
                 merge_stats(sums, stats, grad_norm)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]
-                n_tokens = distributed.reduce(int(mask[mb].sum()))  # the critic's normaliser: the global minibatch's tokens
-                for idx, w in distributed.even(critic, chunks(mb, cfg.micro_batch_size), [0]):  # FSDP: fillers w 0
-                    v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
-                                     pad_id, device, backend)  # (b, c)
-                    c = v.shape[1]
-                    vl, vst = value_loss(v, old_values[idx, :c].to(device), returns[idx, :c].to(device), cfg.value_clip)
-                    m = mask[idx, :c].to(device) * w
-                    loss = (vl * m).sum() / n_tokens
-                    loss.backward()
-                    vsums["loss"] += loss.item()
-                    vsums["clipped"] += (vst["clipped"] * m).sum().item()
+                value_backward(critic, roll, mb, old_values, returns, mask, cfg, pad_id, device, backend, vsums)
                 optimizer_step(critic, critic_opt, critic_sched, cfg.grad_clip)
             if cfg.target_kl and kl_sum / max(kl_tokens, 1) > cfg.target_kl:  # early stop (approximate KL)
                 break
@@ -155,24 +143,20 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         rewards, kl, old_values, returns, adv_raw, mask = map(everyone, (rewards, kl, old_values, returns, adv_raw, mask))
         m = mask.bool()
         metrics = {
-            **reward_metrics(rewards, {k: everyone(v) for k, v in parts.items()}, G, task.acc_threshold),
+            **online.reward_metrics(rewards, {k: everyone(v) for k, v in parts.items()}, group_size,
+                                    task.acc_threshold),
             "reward/kl_penalty": kl.sum(-1).mean().item(), "optim/lr": sched.get_last_lr()[0],
-            **rollout_metrics(mask.sum(-1).long(), everyone(torch.tensor(roll.truncated))), **update_metrics(sums, n_mb),
+            **online.rollout_metrics(mask.sum(-1).long(), everyone(torch.tensor(roll.truncated))),
+            **update_metrics(sums, n_mb),
             "value/loss": vsums["loss"] / n_mb, "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
             "value/explained_variance": explained_variance(old_values, returns, mask),
             "value/mean": old_values[m].mean().item(), "returns/mean": returns[m].mean().item(),
             "adv/mean": adv_raw[m].mean().item(), "adv/std": adv_raw[m].std(correction=0).item(),
-            "ppo/epochs_run": epochs_run, **time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
+            "ppo/epochs_run": epochs_run, **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }
-        logger.log_samples(sample_records(examples, texts, rewards, roll, G), step + 1)
-        if due(step + 1, cfg.eval_every, cfg.steps, at_end=True):
-            last = run_eval(sampler, tok, task, cfg, logger, out, step + 1)
-            metrics.update(last)
-        logger.log(metrics, step + 1)
-        bad_steps = count_bad_steps(metrics["optim/skipped_updates"], bad_steps, cfg.max_bad_steps, step + 1)
-        if due(step + 1, cfg.save_every, cfg.steps, at_end=False):
-            save(step + 1)
+        samples = online.sample_records(examples, texts, rewards, roll, group_size)
+        last, bad_steps = online.end_of_step(step + 1, metrics, samples, cfg, logger, evaluate, save, last, bad_steps)
 
     # ------------------------------------------------------------------ finish
     checkpoint.save(out / "critic", critic, tok)
-    return finish(cfg, out, policy, tok, first, last, t_start, logger)
+    return online.finish(cfg, out, policy, tok, first, last, t_start, logger)

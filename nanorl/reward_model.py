@@ -19,11 +19,10 @@ import torch.nn.functional as F
 from nanorl.config import RMConfig
 from nanorl.backends import Backend
 from nanorl.data import chunks, left_pad
-from nanorl.integrations import distributed
-from nanorl.integrations.hub import is_sequence_classifier
-from nanorl.integrations.lora import is_adapter, load_adapter
+from nanorl import distributed
+from nanorl.hub import is_sequence_classifier
 from nanorl.logprobs import AUTO
-from nanorl.models import check_tokenizer, load_model
+from nanorl.models import check_tokenizer, is_adapter, load_model
 from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks.preferences import encode_rows, read_pairs
 
@@ -35,6 +34,8 @@ def load_reward_model(name: str, device, dtype=torch.float32):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if is_adapter(name, "SEQ_CLS"):  # trained with LoRA: its base (a scalar head on a backbone) with the adapter on top
+        from nanorl.integrations.lora import load_adapter
+
         return load_adapter(name, device, dtype, load_base=load_reward_model)
     if is_sequence_classifier(name):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)

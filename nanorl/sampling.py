@@ -1,10 +1,10 @@
 """The sampler: batched decoding with a KV cache, one prefill per prompt shared by its whole group.
 
     sampler = LocalSampler(model, stop_ids=[2], pad_id=0)           # what the loops call (the Sampler interface)
-    rollouts = sampler.generate([prompt_ids, ...], n=8, params=SamplingParams(max_new_tokens=32), seed=123)
+    rollouts = sampler.generate([prompt_ids, ...], group_size=8, params=SamplingParams(max_new_tokens=32), seed=123)
 
-Why not `model.generate`? Four reasons. (1) A group of n samples of one prompt shares its prompt, so
-we prefill each prompt once and its KV cache serves all n samples. (2) Finished rows are dropped from
+Why not `model.generate`? Four reasons. (1) A group of group_size samples of one prompt shares its prompt, so
+we prefill each prompt once and its KV cache serves all group_size samples. (2) Finished rows are dropped from
 the batch, so late steps cost only what is still running. (3) On CPU, Llama-family models decode with
 backends/decode.py's step (the backend decides, backends/__init__.py) (C++ kernels for attention and the small ops), 1.3-1.4x the tokens/s of their
 transformers forward (benchmarks/decode.py); other models run their own (`ModelStep`). (4) Only the
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from nanorl.backends import Backend
 from nanorl.data import left_pad
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
 from nanorl.seeds import derive_seed
 
@@ -40,23 +40,23 @@ class SamplingParams:
 
 @dataclass
 class Rollouts:
-    """N = len(prompts) * n samples, ordered group by group (sample i belongs to group i // n)."""
+    """N = len(prompts) * group_size samples, ordered group by group (sample i belongs to group i // group_size)."""
 
     prompt_ids: list[list[int]]  # (N, prompt length)
     completion_ids: list[list[int]]  # (N, completion length), including the stop token if one was sampled
     logprobs: list[torch.Tensor]  # (N,) tensors of (completion length,), sampler log-probs
     truncated: list[bool]  # hit max_new_tokens without a stop token
-    n: int  # group size
+    group_size: int  # samples per prompt, rows i of a group: g * group_size + j
 
     def groups(self, idx: list[int]) -> "Rollouts":
         """The rollouts of groups `idx` (in that order)."""
-        rows = [g * self.n + j for g in idx for j in range(self.n)]
+        rows = [g * self.group_size + j for g in idx for j in range(self.group_size)]
         return Rollouts(*([getattr(self, f)[i] for i in rows] for f in
-                          ("prompt_ids", "completion_ids", "logprobs", "truncated")), n=self.n)
+                          ("prompt_ids", "completion_ids", "logprobs", "truncated")), group_size=self.group_size)
 
     def __add__(self, other: "Rollouts") -> "Rollouts":
         return Rollouts(self.prompt_ids + other.prompt_ids, self.completion_ids + other.completion_ids,
-                        self.logprobs + other.logprobs, self.truncated + other.truncated, self.n)
+                        self.logprobs + other.logprobs, self.truncated + other.truncated, self.group_size)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None):
@@ -109,8 +109,8 @@ class Sampler(Protocol):
     """What the loops call for rollouts and evaluation. Another engine (an inference server, vLLM) plugs in by
     implementing these two methods; the loops do not change."""
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
-        """n completions of each prompt (token ids), with the policy's log-prob of every sampled token. `seed`:
+    def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
+        """group_size completions of each prompt (token ids), with the policy's log-prob of every sampled token. `seed`:
         one per prompt (a prompt's draws then do not depend on the batch it is in: data parallel ranks sample
         what one process would), or an int s meaning derive_seed(s, i, "prompt") for prompt i."""
 
@@ -124,12 +124,12 @@ class LocalSampler:
     def __init__(self, model, stop_ids: list[int], pad_id: int, backend: Backend = AUTO):
         self.model, self.stop_ids, self.pad_id, self.backend = model, stop_ids, pad_id, backend
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
+    def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, whatever mode the caller keeps the model in
         try:  # FSDP: on the gathered weights (ranks stop decoding at different steps)
             with distributed.full_weights(self.model):
-                return generate(self.model, prompts, n, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
+                return generate(self.model, prompts, group_size, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
         finally:
             self.model.train(was_training)
 
@@ -141,11 +141,11 @@ class ModelStep:
     """A decode step through the model's own forward on its transformers cache (any model): the cache holds
     the rows still sampling, so it drops finished rows (`select_cache_rows`) and grows by one position a step."""
 
-    def __init__(self, model, cache, mask, n):
+    def __init__(self, model, cache, mask, group_size):
         self.model, self.cache, self.kw = model, cache, cache_kwarg(model)
-        self.rows = torch.arange(len(mask) * n, device=mask.device)
-        select_cache_rows(cache, self.rows // n)  # (P, ...) -> (P * n, ...): each prompt's cache once per sample
-        self.mask = mask.repeat_interleave(n, 0)  # (N, Lp)
+        self.rows = torch.arange(len(mask) * group_size, device=mask.device)
+        select_cache_rows(cache, self.rows // group_size)  # (P, ...) -> (P * group_size, ...): each prompt's cache once per sample
+        self.mask = mask.repeat_interleave(group_size, 0)  # (N, Lp)
 
     def __call__(self, tokens, rows, positions, t):
         if len(rows) < len(self.rows):
@@ -159,9 +159,9 @@ class ModelStep:
 
 
 @torch.no_grad()
-def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, stop_ids: list[int],
+def generate(model, prompts: list[list[int]], group_size: int, params: SamplingParams, stop_ids: list[int],
              seed: int | list[int], pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
-    """Sample n completions for each prompt; deterministic for a given seed (one per prompt, or an int for all:
+    """Sample group_size completions for each prompt; deterministic for a given seed (one per prompt, or an int for all:
     Sampler.generate), model and device. `lean=False` decodes with the model's own forward even where
     backends/decode.py's faster step applies."""
     from transformers import DynamicCache
@@ -170,21 +170,21 @@ def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, st
         device = next(model.parameters()).device
         seeds = seed if isinstance(seed, list) else [derive_seed(seed, i, "prompt") for i in range(len(prompts))]
         noise = None if params.temperature == 0 else torch.cat(  # (N, T) each prompt's uniforms, from its own seed
-            [torch.rand(n, params.max_new_tokens, generator=torch.Generator().manual_seed(s)) for s in seeds]).to(device)
+            [torch.rand(group_size, params.max_new_tokens, generator=torch.Generator().manual_seed(s)) for s in seeds]).to(device)
         stops = torch.tensor(stop_ids, device=device)
 
-        # --- prefill: each distinct prompt once; its cache serves the n samples of its group
+        # --- prefill: each distinct prompt once; its cache serves the group_size samples of its group
         ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                     **{cache_kwarg(model): cache})
-        logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
-        next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (N,)
-        step = (lean and backend.decoder(model, packed, cache, mask, n, params.max_new_tokens)
-                or ModelStep(model, cache, mask, n))  # backends/decode.py's step where it applies, else the model's
+        logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (N, V)
+        next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (N,)
+        step = (lean and backend.decoder(model, packed, cache, mask, group_size, params.max_new_tokens)
+                or ModelStep(model, cache, mask, group_size))  # backends/decode.py's step where it applies, else the model's
 
-        N = len(prompts) * n
+        N = len(prompts) * group_size
         alive = torch.arange(N, device=device)  # rows of the full batch still generating
         tokens: list[list[int]] = [[] for _ in range(N)]
         logps: list[list[float]] = [[] for _ in range(N)]
@@ -208,5 +208,5 @@ def generate(model, prompts: list[list[int]], n: int, params: SamplingParams, st
             logits = step(token, alive, next_pos, t)  # (A, V)
             next_pos = next_pos + 1
 
-        return Rollouts(prompt_ids=[list(p) for p in prompts for _ in range(n)], completion_ids=tokens,
-                        logprobs=[torch.tensor(x) for x in logps], truncated=truncated, n=n)
+        return Rollouts(prompt_ids=[list(p) for p in prompts for _ in range(group_size)], completion_ids=tokens,
+                        logprobs=[torch.tensor(x) for x in logps], truncated=truncated, group_size=group_size)

@@ -16,10 +16,10 @@ import torch
 
 from nanorl.config import SFTConfig
 from nanorl.data import chunks, collate
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.logprobs import AUTO, token_logprobs
 from nanorl.offline import describe_rows, fit, setup
-from nanorl.tasks import get_task
+from nanorl.tasks import task_from_config
 from nanorl.tasks.preferences import encode_sft, read_pairs
 
 
@@ -35,7 +35,7 @@ def reply_nll(model, rows, pad_id, device, backend=AUTO):
 def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
     train_data, eval_data = read_pairs(cfg.data if data is None else data, "sft", cfg.eval_fraction, cfg.seed)
-    task = get_task(cfg.task, eval_size=cfg.eval_size) if cfg.task else None
+    task = task_from_config(cfg) if cfg.task else None
     model, tok, device, backend, logger = setup(cfg, "sft")
     pad = tok.pad_token_id
 

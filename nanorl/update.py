@@ -1,10 +1,11 @@
-"""The policy update GRPO's family and PPO share: rollout rows to micro-batches, the masked clipped-surrogate
-backward of one minibatch, and the update's metrics. The loops (grpo.py, ppo.py) decide the advantages and
-which rows train; this file turns them into gradients.
+"""The updates of the online loops: rollout rows to micro-batches, the masked clipped-surrogate backward of one
+minibatch of the policy (GRPO's family and PPO), PPO's clipped value backward of the critic, and the update's
+metrics. The loops (grpo.py, ppo.py) decide the advantages and which rows train; this file turns them into gradients.
 
     stats = policy_backward(policy, roll, adv, rows, cfg, on_policy=True, pad_id=pad, device=dev, backend=be)
     grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)   # NaN / inf: the update is skipped
     merge_stats(sums, stats, grad_norm)
+    value_backward(critic, roll, rows, old_values, returns, mask, cfg, pad, dev, be, value_sums)   # PPO
     metrics = update_metrics(sums, optimizer_steps)
 """
 
@@ -16,9 +17,9 @@ import torch
 
 from nanorl.backends import Backend
 from nanorl.data import chunks, collate
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.logprobs import AUTO, token_logprobs
-from nanorl.losses import kl_penalty, loss_weights, mismatch_weights, policy_loss
+from nanorl.losses import kl_penalty, loss_weights, mismatch_weights, policy_loss, value_loss
 
 
 def rows_batch(roll, idx, pad_id: int, device, learner_old: list[torch.Tensor] | None = None):
@@ -117,6 +118,26 @@ def policy_backward(policy, roll, adv, mb: list[int], cfg, *, on_policy: bool, p
         stats["ratio_min"] = min(stats["ratio_min"], st["ratio"][m].min().item())
         stats["ratio_max"] = max(stats["ratio_max"], st["ratio"][m].max().item())
     return {k: distributed.reduce(v, k[6:] if k in ("ratio_min", "ratio_max") else "sum") for k, v in stats.items()}
+
+
+def value_backward(critic, roll, mb: list[int], old_values, returns, mask, cfg, pad_id: int, device,
+                   backend: Backend, sums: dict) -> None:
+    """PPO's critic: accumulate the gradient of the clipped value loss (losses.value_loss) of one minibatch (rows
+    `mb`), normalised by the global minibatch's tokens. old_values, returns, mask: (n, C) of this rank's rows.
+    Adds this rank's loss and number of clipped values to sums["loss"] and sums["clipped"]."""
+    from nanorl.reward_model import token_values  # the critic is a value head (reward_model.py): PPO only
+
+    n_tokens = distributed.reduce(int(mask[mb].sum()))  # the critic's normaliser: the global minibatch's tokens
+    for idx, w in distributed.even(critic, chunks(mb, cfg.micro_batch_size), [0]):  # FSDP: fillers of weight 0
+        v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
+                         pad_id, device, backend)  # (b, c)
+        c = v.shape[1]
+        vl, vst = value_loss(v, old_values[idx, :c].to(device), returns[idx, :c].to(device), cfg.value_clip)
+        m = mask[idx, :c].to(device) * w
+        loss = (vl * m).sum() / n_tokens
+        loss.backward()
+        sums["loss"] += loss.item()
+        sums["clipped"] += (vst["clipped"] * m).sum().item()
 
 
 def merge_stats(total: dict, new: dict, grad_norm: float) -> None:

@@ -288,7 +288,7 @@ def test_fsdp_in_one_process_is_refused_naming_the_key(tmp_path, capsys):
 LOADER = '''
 import json, sys, torch
 from types import SimpleNamespace
-from nanorl.integrations import distributed
+from nanorl import distributed
 from nanorl.models import load_model
 
 cfg = SimpleNamespace(strategy="fsdp")

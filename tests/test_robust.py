@@ -13,7 +13,7 @@ from test_grpo import toy_task
 from nanorl import Example, GRPOConfig, Task, train
 from nanorl.config import ConfigError, DPOConfig, PPOConfig, validate
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
-from nanorl.integrations.trackers import console_line
+from nanorl.logger import console_line
 from nanorl.models import tiny_model_and_tokenizer
 
 SMALL = dict(model="tiny", steps=3, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6, lr=1e-2,

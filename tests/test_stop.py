@@ -79,7 +79,7 @@ def test_a_full_disk_is_named_and_the_previous_checkpoint_survives(tmp_path, mon
     import shutil
 
     from nanorl import checkpoint
-    from nanorl.integrations.hub import tiny_model_and_tokenizer
+    from nanorl.hub import tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer()
     checkpoint.save(tmp_path / "checkpoint", model, tok, step=1)

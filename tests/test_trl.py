@@ -161,7 +161,7 @@ def test_every_data_format_datasets_reads(tmp_path):
 
 
 def test_preference_and_sft_formats(tmp_path):
-    from nanorl.integrations.hub import tiny_model_and_tokenizer
+    from nanorl.hub import tiny_model_and_tokenizer
     from nanorl.tasks.preferences import encode_sft
     from nanorl.tasks.preferences import load_preferences, load_replies
 
@@ -222,7 +222,7 @@ def test_trl_datasets_and_rewards_through_the_cli(tmp_path, capsys):
 
 def test_train_from_python_takes_a_model_a_dataset_rewards_and_callbacks(tmp_path):
     from nanorl.grpo import train
-    from nanorl.integrations.hub import tiny_model_and_tokenizer
+    from nanorl.hub import tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer()
     ds = datasets.Dataset.from_list([{"prompt": f"say {i}", "answer": i} for i in range(8)])
@@ -244,7 +244,7 @@ def test_train_from_python_takes_a_model_a_dataset_rewards_and_callbacks(tmp_pat
 
 def test_accuracy_threshold_for_rewards_that_are_not_0_or_1():
     from nanorl.evaluate import evaluate
-    from nanorl.integrations.hub import tiny_model_and_tokenizer
+    from nanorl.hub import tiny_model_and_tokenizer
     from nanorl.models import stop_token_ids
     from nanorl.sampling import LocalSampler
 

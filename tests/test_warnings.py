@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nanorl.integrations.warnings import RULES, RunWarnings
+from nanorl.logger import RULES, RunWarnings
 
 RESULTS = Path(__file__).parents[1] / "results"
 

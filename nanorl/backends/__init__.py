@@ -3,7 +3,7 @@
     backend = select_backend("auto", "auto", device)   # from the config keys `backend` and `dtype`
     with backend.forward(model): ...                   # every forward of the loops (token_logprobs, the critic)
     with backend.forward(model, pack_weights=True) as packed:
-        step = backend.decoder(model, packed, cache, mask, n, max_new_tokens)   # None: the model's own forward
+        step = backend.decoder(model, packed, cache, mask, group_size, max_new_tokens)   # None: the model's own forward
     with backend.recompute(model, cache): ...          # gradient checkpointing of the update's completion pass
     backend.prepare(device)                            # once per training process: the allocator policy
 
@@ -107,13 +107,13 @@ class Backend:
             for layer, state in zip(layers_of_cache, prompt):
                 vars(layer).update(state)
 
-    def decoder(self, model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_tokens: int):
+    def decoder(self, model, packed: dict, cache, mask: torch.Tensor, group_size: int, max_new_tokens: int):
         """The sampler's decode step for this model, or None for the model's own forward (sampling.ModelStep)."""
         if not (self.fast and packed):
             return None
         from nanorl.backends.decode import cpu_decoder
 
-        return cpu_decoder(model, packed, cache, mask, n, max_new_tokens)
+        return cpu_decoder(model, packed, cache, mask, group_size, max_new_tokens)
 
     def prepare(self, device: torch.device) -> None:
         """Process-wide settings a training process takes once: on CPU, glibc keeps freed memory for reuse

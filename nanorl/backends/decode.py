@@ -1,6 +1,6 @@
 """The sampler's decode step without transformers' modules, for Llama, Qwen2 and Qwen3 models on CPU in fp32.
 
-    step = cpu_decoder(model, packed, cache, mask, n, max_new_tokens)   # None: use the model's own forward
+    step = cpu_decoder(model, packed, cache, mask, group_size, max_new_tokens)   # None: use the model's own forward
     logits = step(tokens, rows, positions, t)                            # (A,) new tokens -> (A, V)
 
 Per new token a decoder layer is four oneDNN matmuls on the weights `fast_cpu` packed for the rollout
@@ -103,8 +103,8 @@ def supported(model, packed: dict | None = None) -> bool:
     return True
 
 
-def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_tokens: int):
-    """The decode step for rows sampled n per prompt from a prefilled transformers cache (P prompts, left-padded
+def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, group_size: int, max_new_tokens: int):
+    """The decode step for rows sampled group_size per prompt from a prefilled transformers cache (P prompts, left-padded
     by `mask` (P, Lp)), or None when `model` or this machine cannot take it (then run the model's forward).
     `packed` maps id(linear) -> (packed weight, bias, first, last output), from `fast_cpu(pack_weights=True)`."""
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
@@ -114,7 +114,7 @@ def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, n: int, max_new_
             ("q_proj", "k_proj", "v_proj", "o_proj")), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
     if not all(id(m) in packed for m in [*need, model.lm_head]):
         return None
-    return LlamaDecoder(model, packed, cache, mask, n, max_new_tokens)
+    return LlamaDecoder(model, packed, cache, mask, group_size, max_new_tokens)
 
 
 def _norm_heads(ops, qkv, qk_norm, heads, kv_heads):
@@ -133,13 +133,13 @@ def _linear_add(x, residual, w, b=None):
 
 class LlamaDecoder:
     """One token per row through every layer, on the packed weights and the kernels. Call with the tokens of
-    the A rows still sampling (A,), their row numbers in the full batch of P * n (A,) (increasing), their
+    the A rows still sampling (A,), their row numbers in the full batch of P * group_size (A,) (increasing), their
     positions (A,) and t, the completion slot these tokens take (0 for the first sampled token)."""
 
-    def __init__(self, model, packed, cache, mask, n, max_new_tokens):
+    def __init__(self, model, packed, cache, mask, group_size, max_new_tokens):
         cfg, inner = model.config, model.model
         attn0 = inner.layers[0].self_attn
-        self.n, self.heads, self.scale = n, cfg.num_attention_heads, attn0.scaling
+        self.group_size, self.heads, self.scale = group_size, cfg.num_attention_heads, attn0.scaling
         norm = lambda m: (m.weight.detach(), m.variance_epsilon)  # noqa: E731
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = norm(inner.norm)
@@ -156,8 +156,8 @@ class LlamaDecoder:
         # completion caches of every layer in two allocations (60 separate ones left holes in the heap that
         # the update could not reuse: +0.2 GiB peak over 11 steps of benchmarks/speed.py)
         C = max_new_tokens
-        ks = cache.layers[0].keys.new_zeros(layers, P * n, nkv, d, C + LANES)  # (layers, N, nkv, d, C + LANES)
-        vs = cache.layers[0].values.new_zeros(layers, P * n, nkv, C, d)  # (layers, N, nkv, C, d)
+        ks = cache.layers[0].keys.new_zeros(layers, P * group_size, nkv, d, C + LANES)  # (layers, N, nkv, d, C + LANES)
+        vs = cache.layers[0].values.new_zeros(layers, P * group_size, nkv, C, d)  # (layers, N, nkv, C, d)
         for layer, kv, k, v in zip(inner.layers, cache.layers, ks, vs):
             a, m = layer.self_attn, layer.mlp
             qkv, o, gu, down = (packed[id(x)] for x in (a.q_proj, a.o_proj, m.gate_proj, m.down_proj))
@@ -181,7 +181,7 @@ class LlamaDecoder:
             if p["qk_norm"]:
                 qkv = _norm_heads(ops, qkv, p["qk_norm"], self.heads, self.kv_heads)
             o = ops.decode_attention(qkv, cos, sin, p["prompt_k"], p["prompt_v"], p["k"], p["v"], rows, self.start,
-                                     self.n, t, self.heads, self.scale)  # (A, heads d)
+                                     self.group_size, t, self.heads, self.scale)  # (A, heads d)
             h = _linear_add(o, h, *p["o"])
             gu = _linear(ops.rms_norm(h, *p["norm2"]), *p["gu"])  # (A, 2 I)
             h = _linear_add(ops.silu_mul(gu), h, *p["down"])

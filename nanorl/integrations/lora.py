@@ -29,12 +29,6 @@ def _peft():
     return peft
 
 
-def is_adapter(path: str | Path, task_type: str | None = None) -> bool:
-    """Whether `path` is a peft adapter folder (and, given task_type, one of that task: CAUSAL_LM, SEQ_CLS)."""
-    config = Path(path) / "adapter_config.json"
-    return config.is_file() and (task_type is None or json.loads(config.read_text()).get("task_type") == task_type)
-
-
 def add_adapters(model, cfg, task_type: str = "CAUSAL_LM"):
     """Wrap `model` in fresh LoRA adapters (cfg.lora_r, lora_alpha, lora_dropout, lora_target); only they train.
     A sequence-classification model (task_type SEQ_CLS: a critic, a reward model) also trains its scalar head

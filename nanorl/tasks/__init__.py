@@ -21,8 +21,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from nanorl.config import ConfigError
+from nanorl.errors import ConfigError, RewardSetupError
 from nanorl.tasks.builtin import builtin_task, load_reward  # load_reward: a reward by name, module or file
+from nanorl.tasks.rewards import as_reward
 
 
 @dataclass
@@ -39,11 +40,6 @@ class Scores(list):
     def __init__(self, values, flags: dict | None = None):
         super().__init__(values)
         self.flags = flags or {}
-
-
-class RewardSetupError(RuntimeError):
-    """A reward that fails for a reason that is not the sample (its signature, an import, a missing column):
-    it stops the run whatever `reward_errors` says."""
 
 
 def _value(v, batched: bool):
@@ -71,8 +67,6 @@ class Task:
             raise ConfigError(f"task '{self.name}': the training split is empty")
 
     def parts(self) -> list[tuple[str, Callable, float]]:
-        from nanorl.integrations.trl import as_reward
-
         parts = self.reward if isinstance(self.reward, list) else [("task", self.reward, 1.0)]
         return [(name, as_reward(fn), w) for name, fn, w in parts]
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from nanorl.config import ConfigError
+from nanorl.errors import ConfigError
 
 
 def builtin_rewards() -> dict:

@@ -254,7 +254,8 @@ def extract_code(completion: str) -> str:
 def score_programs(completions: list[str], tests: list[list[dict]], all_or_nothing: bool = False,
                    limits: Limits | None = None):
     """-> tasks.Scores: each completion's score, with the flags "failed" and "malformed" per completion."""
-    from nanorl.tasks import RewardSetupError, Scores
+    from nanorl.errors import RewardSetupError
+    from nanorl.tasks import Scores
 
     try:
         plans = [plan(t) for t in tests]

@@ -63,7 +63,7 @@ def _splits(ds) -> tuple:
 
 def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None]:
     """-> (training rows, held-out rows or None) of a file, a folder, a hub id, or a Dataset / DatasetDict."""
-    from nanorl.config import ConfigError
+    from nanorl.errors import ConfigError
 
     try:
         import datasets
@@ -110,7 +110,7 @@ def file_task(source, reward: str = "final_number", eval_size: int = 200, seed: 
     """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field` is also
     passed to the reward as `answer`. The held-out set is the source's test/validation split (its first
     eval_size rows) or, without one, the first eval_size rows (at most half) after a seeded shuffle."""
-    from nanorl.config import ConfigError
+    from nanorl.errors import ConfigError
     from nanorl.tasks import Example, Task, parse_reward_spec
 
     rows, held = load_rows(source, "task")

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanorl.config import ConfigError
+from nanorl.errors import ConfigError
 from nanorl.data import encode_reply
 
 BUILTIN = {"builtin:arithmetic": Path(__file__).with_name("data") / "arithmetic_prefs.jsonl"}

@@ -85,7 +85,7 @@ def run_query(db: str | Path, sql: str, timeout_s: float = 2.0, max_rows: int = 
 def _reference(db: str, mtime_ns: int, query: str):
     rows, err = run_query(db, query, timeout_s=30)
     if err:
-        from nanorl.tasks import RewardSetupError
+        from nanorl.errors import RewardSetupError
 
         raise RewardSetupError(f"the reference query failed on {db}: {err}: {query}")
     return rows

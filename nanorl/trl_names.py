@@ -1,90 +1,16 @@
-"""TRL compatibility: a TRL user's reward functions and config names work in nanorl unchanged.
+"""TRL's config names: a TRL user's keys (`--num_generations 8`, `beta: 0.04` in YAML) mean what they mean in
+TRL, renamed to nanorl's before a config is built (config.from_dict, config.parse_args).
 
-    fn = as_reward(reward_len)             # TRL's batched form, detected by its signature
-    values = resolve_names(GRPOConfig, {"num_generations": 8, "beta": 0.04})
+    values = resolve_names(GRPOConfig, {"num_generations": 8, "beta": 0.04}, "nanorl train")
     # -> {"samples_per_prompt": 8, "kl_coef": 0.04}; a TRL name that means something else here is an error
     #    that says what to write instead, and a near miss gets "did you mean"
-
-Rewards. TRL calls `reward_func(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)`
-once per batch, every dataset column (but the prompt) as a list with one entry per completion. For
-conversational data a prompt is a list of messages and a completion is `[{"role": "assistant", "content": text}]`.
-It returns one float per completion, or None for "this reward does not score this sample" (e.g. a reward
-meant for another task's rows). nanorl's own form scores one sample: `reward(prompt, completion, **fields)`.
-A function is TRL's form when it takes a parameter named `completions`.
 """
 
 from __future__ import annotations
 
 import difflib
-import inspect
-from dataclasses import dataclass
 
-
-def is_batched(fn) -> bool:
-    """TRL's batched form: the function has a parameter called `completions`, `prompts` or `completion_ids` (e.g.
-    TRL's own soft overlong punishment takes `completion_ids` alone)."""
-    try:
-        return bool({"completions", "prompts", "completion_ids"} & set(inspect.signature(fn).parameters))
-    except (TypeError, ValueError):  # a builtin without a signature: nanorl's form
-        return False
-
-
-@dataclass
-class TrainerState:
-    """The part of transformers' TrainerState a reward may read: the 0-based step being scored and the total."""
-
-    global_step: int = 0
-    max_steps: int = 0
-
-
-class BatchedReward:
-    """A TRL reward function as a nanorl reward: `.batch(prompts, completions, fields, ...)` scores a batch."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.signature = inspect.signature(fn)  # read once: every batch is bound against it
-        params = self.signature.parameters
-        self.takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
-        self.params = set(params)
-
-    def __call__(self, prompt, completion: str, **fields):
-        return self.batch([prompt], [completion], [fields])[0]
-
-    def arguments(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> dict:
-        """The keywords TRL would pass (those the function accepts, unless it takes **kwargs)."""
-        chat = bool(prompts) and not isinstance(prompts[0], str)
-        columns = {k: [f.get(k) for f in fields] for k in dict.fromkeys(k for f in fields for k in f)}
-        kwargs = {**columns, "prompts": list(prompts), "completion_ids": completion_ids,
-                  "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat
-                  else list(completions),
-                  "trainer_state": TrainerState(step, max(steps, step, 1))}
-        return kwargs if self.takes_all else {k: v for k, v in kwargs.items() if k in self.params}
-
-    def batch(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> list:
-        from nanorl.tasks import RewardSetupError
-
-        kwargs = self.arguments(prompts, completions, fields, completion_ids, step, steps)
-        try:
-            self.signature.bind(**kwargs)
-        except TypeError as e:
-            raise RewardSetupError(f"reward '{self.__name__}' cannot be called with TRL's arguments "
-                                   f"{sorted(kwargs)}: {e}") from None
-        out = self.fn(**kwargs)
-        out = out.tolist() if hasattr(out, "tolist") else out  # a numpy array or a tensor, as TRL accepts
-        if not isinstance(out, (list, tuple)) or len(out) != len(completions):
-            raise RewardSetupError(f"reward '{self.__name__}' must return a list of {len(completions)} values "
-                                   f"(one per completion), got {type(out).__name__} of length "
-                                   f"{len(out) if hasattr(out, '__len__') else '?'}")
-        return list(out)
-
-
-def as_reward(fn):
-    """A reward function in either form -> a nanorl reward (TRL's batched form wrapped in BatchedReward)."""
-    return BatchedReward(fn) if is_batched(fn) and not isinstance(fn, BatchedReward) else fn
-
-
-# ---------------------------------------------------------------------------- config names
+from nanorl.errors import ConfigError
 
 # TRL name -> nanorl key, or (nanorl key, {TRL value: nanorl value}) where the values are spelled differently.
 SAME = {
@@ -94,6 +20,7 @@ SAME = {
     "max_grad_norm": "grad_clip", "lr_scheduler_type": "lr_schedule", "save_steps": "save_every",
     "eval_steps": "eval_every", "lora_target_modules": "lora_target", "reward_funcs": "reward",
     "importance_sampling_level": "ratio_level", "dataset_name": "data",
+    "gradient_checkpointing": "grad_checkpointing",
     "loss_type": ("loss_agg", {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}),
     "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False}),
     "mask_truncated_completions": ("overlong", {True: "filter", False: "none"}),
@@ -118,7 +45,6 @@ DIFFERENT = {
     "use_vllm": "nanorl samples with its own sampler (sampling.LocalSampler); vLLM is not wired in yet",
     "use_peft": "LoRA is on when --lora-r > 0",
     "reward_weights": "weights go in the reward spec: --reward 'math=1,answer_tag=0.2'",
-    "gradient_checkpointing": "not available yet",
     "sync_ref_model": "the reference model is the starting model and stays frozen",
     "logging_steps": "every step is logged",
 }
@@ -151,11 +77,9 @@ def _mapped(cls, trl: str, value) -> dict | None:
     return table[lookup] if isinstance(table[lookup], dict) else {key: table[lookup]}
 
 
-def resolve_names(cls, values: dict) -> dict:
+def resolve_names(cls, values: dict, prog: str = "nanorl train") -> dict:
     """Keys of a config dict in nanorl's names: TRL aliases are renamed (an explicit nanorl key wins); a TRL name
     that means something else here, or an unknown key, raises ConfigError with what to write instead."""
-    from nanorl.config import COMMANDS, ConfigError
-
     fields = set(getattr(cls, "__dataclass_fields__", {}))
     out, renamed = {}, {}
     for key, value in values.items():
@@ -169,7 +93,6 @@ def resolve_names(cls, values: dict) -> dict:
             if name == "epsilon" and "clip_high" in fields:  # TRL: epsilon_high defaults to epsilon
                 renamed.setdefault("clip_high", mapped["clip_low"])
             continue
-        prog = COMMANDS.get(cls, "nanorl train")
         if name in DIFFERENT or name in SAME:
             hint = DIFFERENT.get(name, f"no nanorl key of `{prog}` means the same")
             raise ConfigError(f"config key '{name}' (a TRL name): {hint} (see `{prog} --help`)")
