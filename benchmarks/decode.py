@@ -53,17 +53,22 @@ def main() -> None:
     def hf_generate(seed: int) -> int:  # plain `generate`, as in speed.py's part_generate
         torch.manual_seed(seed)
         with torch.no_grad():
-            return speed.generated_tokens(speed.hf_generate(model, ids, mask, a.new_tokens, tok.pad_token_id, stops),
-                                          stops)
+            return speed.generated_tokens(
+                speed.hf_generate(model, ids, mask, a.new_tokens, tok.pad_token_id, stops), stops
+            )
 
     def sampler(lean: bool):
         def run(seed: int) -> int:
             roll = generate(model, prompts, a.samples, params, stops, seed=seed, pad_id=tok.pad_token_id, lean=lean)
             return sum(map(len, roll.completion_ids))
+
         return run
 
-    kinds = {"lean step (backends/decode.py)": sampler(True), "model forward (ModelStep)": sampler(False),
-             "transformers generate": hf_generate}
+    kinds = {
+        "lean step (backends/decode.py)": sampler(True),
+        "model forward (ModelStep)": sampler(False),
+        "transformers generate": hf_generate,
+    }
     rate = {k: [] for k in kinds}
     for run in kinds.values():  # warm-up (and the kernels' build)
         run(0)
@@ -74,19 +79,30 @@ def main() -> None:
             rate[name].append(n / (time.perf_counter() - t))
     roll = generate(model, prompts, a.samples, params, stops, seed=0, pad_id=tok.pad_token_id)
     ref, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
-    gap = max((ref[i, :len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
+    gap = max((ref[i, : len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
     med = {k: statistics.median(v) for k, v in rate.items()}
     lean, forward, hf = kinds
-    res = {"model": a.model, "cpu": speed.cpu_identity(), "threads": torch.get_num_threads(), "reps": a.reps,
-           "tokens_per_s": rate, "lean_vs_model_forward": med[lean] / med[forward],
-           "lean_vs_generate": med[lean] / med[hf], "model_forward_vs_generate": med[forward] / med[hf],
-           "max_logprob_gap": gap}
-    print(f"{res['cpu']}, {res['threads']} threads, {a.model}, {a.prompts} x {a.samples} rows, {a.new_tokens} new "
-          f"tokens, medians of {a.reps} rounds (min-max)")
+    res = {
+        "model": a.model,
+        "cpu": speed.cpu_identity(),
+        "threads": torch.get_num_threads(),
+        "reps": a.reps,
+        "tokens_per_s": rate,
+        "lean_vs_model_forward": med[lean] / med[forward],
+        "lean_vs_generate": med[lean] / med[hf],
+        "model_forward_vs_generate": med[forward] / med[hf],
+        "max_logprob_gap": gap,
+    }
+    print(
+        f"{res['cpu']}, {res['threads']} threads, {a.model}, {a.prompts} x {a.samples} rows, {a.new_tokens} new "
+        f"tokens, medians of {a.reps} rounds (min-max)"
+    )
     for name in kinds:
         print(f"  {name:32s} {med[name]:6.0f} tokens/s ({min(rate[name]):.0f}-{max(rate[name]):.0f})")
-    print(f"  lean step / model forward {res['lean_vs_model_forward']:.2f}x; lean step / generate "
-          f"{res['lean_vs_generate']:.2f}x; model forward / generate {res['model_forward_vs_generate']:.2f}x")
+    print(
+        f"  lean step / model forward {res['lean_vs_model_forward']:.2f}x; lean step / generate "
+        f"{res['lean_vs_generate']:.2f}x; model forward / generate {res['model_forward_vs_generate']:.2f}x"
+    )
     print(f"  lean rollout log-probs vs token_logprobs of the same sequences: max |diff| {gap:.1e}")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ shards; the reward is the share of distinct characters, so a random model's samp
 a resumable checkpoint after step 1 (`+save`; under fsdp it gathers the full weights onto the first process; each
 process writes its own shards of the AdamW state), with LoRA adapters of rank 16 on every linear projection
 (`+lora`), with gradient checkpointing (`+ckpt`), and as `nanorl sft` (`+sft`: an offline trainer, which gathers
-no full weights for a rollout; with no task it does not evaluate by sampling either). Every worker runs under `/usr/bin/time -v`: its "Maximum
+no full weights for a rollout; with no task it does not evaluate by sampling either). Every worker runs under
+`/usr/bin/time -v`: its "Maximum
 resident set size" is that process's peak. The final weights of runs that differ only in the strategy are
 compared as a check.
 """
@@ -35,7 +36,6 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).parent))
 from lora_memory import QWEN_0_5B, qwen_shaped_folder  # noqa: E402  (benchmarks/ is not a package)
 
-
 REWARD = """def distinct(completions, **kw):  # differs between a random model's samples: something to learn from
     return [len(set(c)) / max(len(c), 1) for c in completions]
 """
@@ -47,19 +47,68 @@ def run(folder: str, name: str, a, out: Path) -> dict:
     strategy, *more = name.split("+")
     rss = out / f"{name}.rss"
     worker = f'exec /usr/bin/time -v -o "{rss}.$RANK" {sys.executable} -m nanorl.cli "$@"'
-    common = ["--model", folder, "--strategy", strategy, "--backend", "torch", "--report-to", "none",
-              "--save-every", "1" if "save" in more else "0", "--out-dir", str(out / name),
-              *(["--lora-r", "16"] if "lora" in more else []), *(["--grad-checkpointing", "true"] if "ckpt" in more else []),
-              *(["--merge-lora", "false"] if "adapter" in more else [])]
+    common = [
+        "--model",
+        folder,
+        "--strategy",
+        strategy,
+        "--backend",
+        "torch",
+        "--report-to",
+        "none",
+        "--save-every",
+        "1" if "save" in more else "0",
+        "--out-dir",
+        str(out / name),
+        *(["--lora-r", "16"] if "lora" in more else []),
+        *(["--grad-checkpointing", "true"] if "ckpt" in more else []),
+        *(["--merge-lora", "false"] if "adapter" in more else []),
+    ]
     if "sft" in more:  # offline: no rollout and (no task) no evaluation gathers the full weights
-        args = ["sft", *common, "--data", str(out / "rows.jsonl"), "--task", "", "--batch-size", "4",
-                "--micro-batch-size", "2"]
+        args = [
+            "sft",
+            *common,
+            "--data",
+            str(out / "rows.jsonl"),
+            "--task",
+            "",
+            "--batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+        ]
     else:
-        args = ["train", *common, "--steps", str(a.steps), "--prompts-per-step", "2", "--samples-per-prompt", "4",
-                "--max-new-tokens", "16", "--eval-size", "2", "--micro-batch-size", "4",
-                "--reward", f"{out / 'reward.py'}:distinct"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
-           "bash", "-c", worker, "bash", *args]
+        args = [
+            "train",
+            *common,
+            "--steps",
+            str(a.steps),
+            "--prompts-per-step",
+            "2",
+            "--samples-per-prompt",
+            "4",
+            "--max-new-tokens",
+            "16",
+            "--eval-size",
+            "2",
+            "--micro-batch-size",
+            "4",
+            "--reward",
+            f"{out / 'reward.py'}:distinct",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(a.nproc),
+        "--no-python",
+        "bash",
+        "-c",
+        worker,
+        "bash",
+        *args,
+    ]
     t = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - t
@@ -80,14 +129,19 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="results/fsdp_memory")
-    p.add_argument("--runs", default="ddp,ddp+save,fsdp,fsdp+save", help="comma-separated: strategy[+save][+lora][+ckpt][+adapter][+sft]")
+    p.add_argument(
+        "--runs",
+        default="ddp,ddp+save,fsdp,fsdp+save",
+        help="comma-separated: strategy[+save][+lora][+ckpt][+adapter][+sft]",
+    )
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "reward.py").write_text(REWARD)
     with open(out / "rows.jsonl", "w") as f:  # +sft: a.steps batches of 4 rows (a fifth more are held out)
-        f.writelines(json.dumps({"prompt": f"What is {i} + {i}?", "completion": str(2 * i)}) + "\n"
-                     for i in range(5 * a.steps))
+        f.writelines(
+            json.dumps({"prompt": f"What is {i} + {i}?", "completion": str(2 * i)}) + "\n" for i in range(5 * a.steps)
+        )
     folder = qwen_shaped_folder("smollm2-135m", QWEN_0_5B)
     params = sum(v.numel() for v in load_file(Path(folder) / "model.safetensors").values())
     rows, diffs = [], {}  # diffs: fsdp's final weights against ddp's with the same options
@@ -96,7 +150,7 @@ def main() -> None:
             rows.append(run(folder, name, a, out))
             print(json.dumps(rows[-1]), flush=True)
         for name in [r["run"] for r in rows if r["run"].startswith("fsdp")]:
-            twin = "ddp" + name[len("fsdp"):]
+            twin = "ddp" + name[len("fsdp") :]
             if twin in [r["run"] for r in rows]:
                 w = [load_file(out / n / "model" / "model.safetensors") for n in (twin, name)]
                 diffs[f"{twin} vs {name}"] = max((w[0][k] - w[1][k]).abs().max().item() for k in w[0])
@@ -105,14 +159,31 @@ def main() -> None:
         for name in a.runs.split(","):
             for weights in ("model", "checkpoint"):
                 shutil.rmtree(out / name / weights, ignore_errors=True)
-    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                if x.startswith("model name")), "?")
-    result = {"model": "qwen2.5-0.5b-shaped (random weights)", "params": params, "nproc": a.nproc,
-              "steps": a.steps, "torch": torch.__version__, "cpu": cpu, "final_weights_max_abs_diff": diffs,
-              "runs": rows}
+    cpu = next(
+        (
+            x.split(":", 1)[1].strip()
+            for x in Path("/proc/cpuinfo").read_text().splitlines()
+            if x.startswith("model name")
+        ),
+        "?",
+    )
+    result = {
+        "model": "qwen2.5-0.5b-shaped (random weights)",
+        "params": params,
+        "nproc": a.nproc,
+        "steps": a.steps,
+        "torch": torch.__version__,
+        "cpu": cpu,
+        "final_weights_max_abs_diff": diffs,
+        "runs": rows,
+    }
     (out / "results.json").write_text(json.dumps(result, indent=2))
-    lines = [f"{params / 1e6:.0f}M parameters, {a.nproc} processes, {cpu}, torch {torch.__version__}", "",
-             "| run | peak RSS per process | wall time |", "|---|---|---|"]
+    lines = [
+        f"{params / 1e6:.0f}M parameters, {a.nproc} processes, {cpu}, torch {torch.__version__}",
+        "",
+        "| run | peak RSS per process | wall time |",
+        "|---|---|---|",
+    ]
     for r in rows:
         peaks = " / ".join(f"{x:.2f}" for x in r["peak_rss_gib"])
         lines.append(f"| {r['run']} | {peaks} GiB | {r['wall_s']:.0f} s |")

@@ -35,12 +35,29 @@ from pathlib import Path
 import torch
 
 # Qwen2.5-1.5B's config.json (architecture and sizes only); weights are random.
-QWEN_1_5B = dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                 rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
-                 bos_token_id=151643, eos_token_id=151643)
-QWEN_0_5B = {**QWEN_1_5B, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-             "num_attention_heads": 14}  # Qwen2.5-0.5B's config.json: the same family, smaller
+QWEN_1_5B = dict(
+    model_type="qwen2",
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    bos_token_id=151643,
+    eos_token_id=151643,
+)
+QWEN_0_5B = {
+    **QWEN_1_5B,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+}  # Qwen2.5-0.5B's config.json: the same family, smaller
 
 
 def peak_rss_gib() -> float:
@@ -84,8 +101,14 @@ def one_run(model_name: str, lora_r: int, reps: int, device_name: str, ckpt: boo
     from nanorl.tasks import task_from_config
     from nanorl.update import policy_backward
 
-    cfg = GRPOConfig(model=model_name, lora_r=lora_r, lora_alpha=2.0 * max(lora_r, 1), device=device_name,
-                     micro_batch_size=micro, grad_checkpointing=ckpt)
+    cfg = GRPOConfig(
+        model=model_name,
+        lora_r=lora_r,
+        lora_alpha=2.0 * max(lora_r, 1),
+        device=device_name,
+        micro_batch_size=micro,
+        grad_checkpointing=ckpt,
+    )
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing)
     backend.prepare(device)
@@ -105,8 +128,17 @@ def one_run(model_name: str, lora_r: int, reps: int, device_name: str, ckpt: boo
         if device.type == "cpu":
             reset_peak()
         t = time.perf_counter()
-        policy_backward(policy, roll, adv, list(range(len(adv))), cfg, on_policy=True, pad_id=tok.pad_token_id,
-                        device=device, backend=backend)
+        policy_backward(
+            policy,
+            roll,
+            adv,
+            list(range(len(adv))),
+            cfg,
+            on_policy=True,
+            pad_id=tok.pad_token_id,
+            device=device,
+            backend=backend,
+        )
         optimizer_step(policy, opt, sched, cfg.grad_clip)  # .item() inside: synchronised
         update_peak = max(update_peak, peak_since_reset_gib()) if device.type == "cpu" else 0.0
         if r:  # the first step is a warm-up
@@ -115,18 +147,27 @@ def one_run(model_name: str, lora_r: int, reps: int, device_name: str, ckpt: boo
     params = sum(p.numel() for p in policy.parameters())
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     gpu = {"peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30} if device.type == "cuda" else {}
-    return {"params": params, "trained_params": trained, "peak_rss_gib": peak_rss_gib(),
-            "update_peak_rss_gib": update_peak, **gpu,
-            **{f"{k}_s": statistics.median(v) for k, v in times.items()},
-            "tokens": sum(len(c) for c in roll.completion_ids)}
+    return {
+        "params": params,
+        "trained_params": trained,
+        "peak_rss_gib": peak_rss_gib(),
+        "update_peak_rss_gib": update_peak,
+        **gpu,
+        **{f"{k}_s": statistics.median(v) for k, v in times.items()},
+        "tokens": sum(len(c) for c in roll.completion_ids),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b-shaped")
     p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--modes", default="lora,full", help="comma-separated: lora, full, lora+ckpt, full+ckpt "
-                   "(+ckpt: grad_checkpointing); full is skipped for the 1.5B-shaped model on CPU")
+    p.add_argument(
+        "--modes",
+        default="lora,full",
+        help="comma-separated: lora, full, lora+ckpt, full+ckpt "
+        "(+ckpt: grad_checkpointing); full is skipped for the 1.5B-shaped model on CPU",
+    )
     p.add_argument("--micro", default="8", help="micro-batch sizes, comma-separated (cpu default 8, cuda 64)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--tokenizer", default="smollm2-135m", help="the 1.5B-shaped model's tokenizer (a model name)")
@@ -142,41 +183,75 @@ def main() -> None:
     rows, failed = [], []
     for name in a.models.split(","):
         folder = qwen_shaped_folder(a.tokenizer) if name == "qwen2.5-1.5b-shaped" else name
-        modes = [m for m in a.modes.split(",")
-                 if m.startswith("lora") or name != "qwen2.5-1.5b-shaped" or a.device != "cpu"]
+        modes = [
+            m for m in a.modes.split(",") if m.startswith("lora") or name != "qwen2.5-1.5b-shaped" or a.device != "cpu"
+        ]
         for mode, micro in ((m, int(b)) for m in modes for b in a.micro.split(",")):
             r, ckpt = (a.lora_r if mode.startswith("lora") else 0), mode.endswith("+ckpt")
-            res = subprocess.run([sys.executable, __file__, "--one", folder, str(r), str(int(ckpt)), str(micro),
-                                  "--reps", str(a.reps), "--device", a.device],
-                                 capture_output=True, text=True)
+            res = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    folder,
+                    str(r),
+                    str(int(ckpt)),
+                    str(micro),
+                    "--reps",
+                    str(a.reps),
+                    "--device",
+                    a.device,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if res.returncode != 0:  # the others still run: on a lent GPU there is one try
                 failed.append(f"{name} {mode} micro {micro}")
                 print(f"{failed[-1]} failed:\n{res.stderr[-3000:]}", flush=True)
                 continue
-            row = {"model": name, "mode": mode, "lora_r": r, "grad_checkpointing": ckpt, "micro_batch_size": micro,
-                   **json.loads(res.stdout.strip().splitlines()[-1])}
+            row = {
+                "model": name,
+                "mode": mode,
+                "lora_r": r,
+                "grad_checkpointing": ckpt,
+                "micro_batch_size": micro,
+                **json.loads(res.stdout.strip().splitlines()[-1]),
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
         if folder != name:
             shutil.rmtree(folder, ignore_errors=True)  # the random 1.5B model: 6 GiB of /tmp
         if name == "qwen2.5-1.5b-shaped" and a.device == "cpu" and rows and rows[-1]["model"] == name:
             n = rows[-1]["params"]
-            rows.append({"model": name, "mode": "full (arithmetic, not run)", "params": n,
-                         "state_gib": 16 * n / 2**30,
-                         "note": "fp32 weights + gradients + AdamW's two moments = 16 bytes a parameter"})
+            rows.append(
+                {
+                    "model": name,
+                    "mode": "full (arithmetic, not run)",
+                    "params": n,
+                    "state_gib": 16 * n / 2**30,
+                    "note": "fp32 weights + gradients + AdamW's two moments = 16 bytes a parameter",
+                }
+            )
     (out / "lora_memory.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| model | mode | micro-batch | trained params | peak RSS (GPU) | peak RSS in the update | rollout | "
-             "update (every row) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | mode | micro-batch | trained params | peak RSS (GPU) | peak RSS in the update | rollout | "
+        "update (every row) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "peak_rss_gib" in r:
             mode = r["mode"].replace("lora", f"lora r={r['lora_r']}")
             gpu = f" ({r['peak_gpu_gib']:.2f} GiB)" if "peak_gpu_gib" in r else ""
-            lines.append(f"| {r['model']} | {mode} | {r['micro_batch_size']} | "
-                         f"{r['trained_params'] / 1e6:.1f}M of {r['params'] / 1e6:.0f}M | {r['peak_rss_gib']:.2f} GiB{gpu} | "
-                         f"{r['update_peak_rss_gib']:.2f} GiB | {r['rollout_s']:.1f} s | {r['update_s']:.1f} s |")
+            lines.append(
+                f"| {r['model']} | {mode} | {r['micro_batch_size']} | "
+                f"{r['trained_params'] / 1e6:.1f}M of {r['params'] / 1e6:.0f}M | {r['peak_rss_gib']:.2f} GiB{gpu} | "
+                f"{r['update_peak_rss_gib']:.2f} GiB | {r['rollout_s']:.1f} s | {r['update_s']:.1f} s |"
+            )
         else:
-            lines.append(f"| {r['model']} | {r['mode']} | | {r['params'] / 1e6:.0f}M | > {r['state_gib']:.1f} GiB "
-                         f"(weights, gradients, AdamW) | | | |")
+            lines.append(
+                f"| {r['model']} | {r['mode']} | | {r['params'] / 1e6:.0f}M | > {r['state_gib']:.1f} GiB "
+                f"(weights, gradients, AdamW) | | | |"
+            )
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if failed:

@@ -13,8 +13,8 @@ default run (seed 0, two-digit addition, chat template), temperature 1, no top-k
 term, learning rate 5e-6, and the same batch shape. Each part runs `--warmup` steps, then `--reps`
 timed ones; we report medians and the min-max spread.
 
-    roofline   sustained matmul FLOP/s (fp32 on CPU, bf16 on GPU) on the model's own weight shapes: forward at M = 64 rows
-               (decoding) and forward + both backward matmuls at M = 512 tokens (prefill and update), with
+    roofline   sustained matmul FLOP/s (fp32 on CPU, bf16 on GPU) on the model's own weight shapes: forward at
+               M = 64 rows (decoding) and forward + both backward matmuls at M = 512 tokens (prefill and update), with
                torch's matmul (MKL on CPU) and with oneDNN, taking the faster for each kind of matmul.
                Ideal times follow: 2 N FLOPs per token through the model, 6 N per trained token,
                with N the weights that take part in matmuls (the tied embedding counts as the head).
@@ -141,8 +141,11 @@ def part_roofline(a) -> dict:
         kind, so a GPU's launches overlap as they do in a model; a sync per matmul would time its latency)."""
         xs = {s: torch.randn(M, s[1], device=device, dtype=dtype) for s in weights}
         gs = {s: torch.randn(M, s[0], device=device, dtype=dtype) for s in weights}
-        args = {"fwd": lambda s: (xs[s], (packed or weights)[s]), "dx": lambda s: (gs[s], weights[s]),
-                "dw": lambda s: (gs[s], xs[s])}
+        args = {
+            "fwd": lambda s: (xs[s], (packed or weights)[s]),
+            "dx": lambda s: (gs[s], weights[s]),
+            "dw": lambda s: (gs[s], xs[s]),
+        }
         secs = {"fwd": 0.0, "dx": 0.0, "dw": 0.0}
         for kind in ("fwd", "dx", "dw") if backward else ("fwd",):
             sync(device)
@@ -159,7 +162,9 @@ def part_roofline(a) -> dict:
         best, rates = None, {}
         for lib, ops in libs.items():
             packed = None
-            if lib == "onednn" and not bw:  # decoding reuses each weight many times: reordered once, as the sampler does
+            if (
+                lib == "onednn" and not bw
+            ):  # decoding reuses each weight many times: reordered once, as the sampler does
                 packed = {s: torch.ops.mkldnn._reorder_linear_weight(w, M) for s, w in weights.items()}
             sweep(M, bw, ops, packed)  # warm-up
             runs = [sweep(M, bw, ops, packed) for _ in range(max(3, a.reps))]
@@ -168,8 +173,13 @@ def part_roofline(a) -> dict:
             best = secs if best is None else {k: min(best[k], secs[k]) for k in secs}
         out[name] = {"median": flops / sum(best.values())}
         per_lib[name] = rates
-    res = {"matmul_params": matmul_params(model), "flops": out, "flops_per_library": per_lib, "dtype": str(dtype),
-           "device": str(device)}
+    res = {
+        "matmul_params": matmul_params(model),
+        "flops": out,
+        "flops_per_library": per_lib,
+        "dtype": str(dtype),
+        "device": str(device),
+    }
     if device.type == "cuda":  # the chip's own ceiling, for MFU: a large square product (random data, not zeros)
         x, y = torch.randn(8192, 8192, device=device, dtype=dtype), torch.randn(8192, 8192, device=device, dtype=dtype)
         for _ in range(3):
@@ -187,9 +197,18 @@ def part_roofline(a) -> dict:
 def hf_generate(model, ids, mask, new_tokens: int, pad: int, stops: list[int]) -> torch.Tensor:
     """Plain `model.generate` of these rows with the sampler's settings (temperature 1, no top-k or top-p):
     the new tokens (rows, new_tokens)."""
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                         max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=stops)
-    return out[:, ids.shape[1]:]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        pad_token_id=pad,
+        eos_token_id=stops,
+    )
+    return out[:, ids.shape[1] :]
 
 
 def generated_tokens(new: torch.Tensor, stops: list[int]) -> int:
@@ -227,9 +246,14 @@ def part_generate(a) -> dict:
         n = generated_tokens(new, stops)
         if r >= a.warmup:
             times.append(dt), prefill.append(t_prefill), tokens.append(n)
-    return {"time": med(times), "prefill_time": med(prefill), "tokens": med(tokens),
-            "tokens_per_s": med([n / t for n, t in zip(tokens, times)]), "prompt_tokens": int(mask.sum()),
-            **memory(device)}
+    return {
+        "time": med(times),
+        "prefill_time": med(prefill),
+        "tokens": med(tokens),
+        "tokens_per_s": med([n / t for n, t in zip(tokens, times)]),
+        "prompt_tokens": int(mask.sum()),
+        **memory(device),
+    }
 
 
 def nanorl_run(a):
@@ -243,9 +267,18 @@ def nanorl_run(a):
     from nanorl.models import load_model, resolve_device, stop_token_ids, trainable
     from nanorl.sampling import LocalSampler
 
-    cfg = GRPOConfig(model=a.model, lr=LR, prompts_per_step=a.prompts, samples_per_prompt=a.samples, device=a.device,
-                     micro_batch_size=a.micro_batch_size, lora_r=a.lora_r,
-                     max_new_tokens=a.new_tokens, eval_size=8, out_dir=tempfile.mkdtemp(prefix="nanorl_speed_"))
+    cfg = GRPOConfig(
+        model=a.model,
+        lr=LR,
+        prompts_per_step=a.prompts,
+        samples_per_prompt=a.samples,
+        device=a.device,
+        micro_batch_size=a.micro_batch_size,
+        lora_r=a.lora_r,
+        max_new_tokens=a.new_tokens,
+        eval_size=8,
+        out_dir=tempfile.mkdtemp(prefix="nanorl_speed_"),
+    )
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     backend.prepare(device)
@@ -253,8 +286,15 @@ def nanorl_run(a):
     task, examples = first_prompts(cfg, a)
     policy, tok = load_model(cfg.model, device, dtype)
     policy = trainable(policy, cfg).eval()  # --lora-r: peft adapters (alpha 32, every linear projection)
-    run = SimpleNamespace(policy=policy, tok=tok, task=task, device=device, backend=backend, pad_id=tok.pad_token_id,
-                          sampler=LocalSampler(policy, stop_token_ids(policy, tok), tok.pad_token_id, backend))
+    run = SimpleNamespace(
+        policy=policy,
+        tok=tok,
+        task=task,
+        device=device,
+        backend=backend,
+        pad_id=tok.pad_token_id,
+        sampler=LocalSampler(policy, stop_token_ids(policy, tok), tok.pad_token_id, backend),
+    )
     opt, sched = make_optimizer(run.policy, cfg.lr, 0.0, 0, 10_000, "constant")
     return cfg, run, examples, opt, sched
 
@@ -264,16 +304,35 @@ def nanorl_rollout(cfg, run, examples, r: int, timer: dict):
     from nanorl.online import rollout_and_score
     from nanorl.seeds import derive_seed
 
-    return rollout_and_score(run.sampler, run.tok, run.task, None, examples, cfg, derive_seed(SEED, r, "rollout"), timer,
-                             run.device, run.backend)
+    return rollout_and_score(
+        run.sampler,
+        run.tok,
+        run.task,
+        None,
+        examples,
+        cfg,
+        derive_seed(SEED, r, "rollout"),
+        timer,
+        run.device,
+        run.backend,
+    )
 
 
 def nanorl_update(cfg, run, roll, adv) -> None:
     """The backward of every row with a non-zero advantage, as the loop runs it (the caller steps the optimizer)."""
     from nanorl.update import policy_backward
 
-    policy_backward(run.policy, roll, adv, list(range(len(adv))), cfg, on_policy=True, pad_id=run.pad_id,
-                    device=run.device, backend=run.backend)
+    policy_backward(
+        run.policy,
+        roll,
+        adv,
+        list(range(len(adv))),
+        cfg,
+        on_policy=True,
+        pad_id=run.pad_id,
+        device=run.device,
+        backend=run.backend,
+    )
 
 
 def part_nanorl(a) -> dict:
@@ -282,8 +341,19 @@ def part_nanorl(a) -> dict:
 
     cfg, run, examples, opt, sched = nanorl_run(a)
     seen = count_tokens(run.policy)
-    rec = {k: [] for k in ("rollout", "reward", "update_as_run", "update_all_rows", "rollout_tokens",
-                           "update_tokens_as_run", "update_tokens_all_rows", "rows_as_run")}
+    rec = {
+        k: []
+        for k in (
+            "rollout",
+            "reward",
+            "update_as_run",
+            "update_all_rows",
+            "rollout_tokens",
+            "update_tokens_as_run",
+            "update_tokens_all_rows",
+            "rows_as_run",
+        )
+    }
     for r in range(a.warmup + 2 * a.reps):
         timer = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
         roll, _, rewards, _ = nanorl_rollout(cfg, run, examples, r, timer)  # (N,)
@@ -330,20 +400,44 @@ def part_trl(a) -> dict:
     def reward(prompts, completions, **_):
         return task.score([by_prompt[p[-1]["content"]] for p in prompts], [c[0]["content"] for c in completions])
 
-    args = TRLConfig(output_dir=tempfile.mkdtemp(prefix="trl_speed_"), per_device_train_batch_size=a.prompts * a.samples,
-                     num_generations=a.samples, max_completion_length=a.new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-                     learning_rate=LR, beta=0.0, loss_type="dapo", num_iterations=1, gradient_accumulation_steps=1,
-                     gradient_checkpointing=False, bf16=autocast == torch.bfloat16, use_cpu=device.type == "cpu",
-                     max_steps=steps, logging_steps=1,
-                     report_to="none", save_strategy="no", shuffle_dataset=False, seed=SEED, disable_dropout=True)
+    args = TRLConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_speed_"),
+        per_device_train_batch_size=a.prompts * a.samples,
+        num_generations=a.samples,
+        max_completion_length=a.new_tokens,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        learning_rate=LR,
+        beta=0.0,
+        loss_type="dapo",
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        gradient_checkpointing=False,
+        bf16=autocast == torch.bfloat16,
+        use_cpu=device.type == "cpu",
+        max_steps=steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        shuffle_dataset=False,
+        seed=SEED,
+        disable_dropout=True,
+    )
     peft_config = None
     if a.lora_r:  # the same adapters as nanorl's --lora-r (config.RunConfig's defaults: alpha 32, all-linear)
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=a.lora_r, lora_alpha=GRPOConfig.lora_alpha, lora_dropout=0.0,
-                                 target_modules=GRPOConfig.lora_target, task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          peft_config=peft_config)
+        peft_config = LoraConfig(
+            r=a.lora_r,
+            lora_alpha=GRPOConfig.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=GRPOConfig.lora_target,
+            task_type="CAUSAL_LM",
+        )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, peft_config=peft_config
+    )
     assert trainer.accelerator.mixed_precision == ("bf16" if autocast else "no"), trainer.accelerator.mixed_precision
     seen = count_tokens(trainer.model)
     clock = {"generate": 0.0, "gen_and_score": 0.0, "loss_forward": 0.0, "loss_tokens": 0}
@@ -356,13 +450,24 @@ def part_trl(a) -> dict:
             if tokens:
                 clock["loss_tokens"] += seen["tokens"] - before
             return out
+
         return wrapper
 
     trainer._generate = timed("generate", trainer._generate)
     trainer._generate_and_score_completions = timed("gen_and_score", trainer._generate_and_score_completions)
     trainer.compute_loss = timed("loss_forward", trainer.compute_loss, tokens=True)
-    rec = {k: [] for k in ("step", "generate", "gen_and_score", "loss_forward", "backward_and_optimizer",
-                           "loss_tokens", "generated_tokens")}
+    rec = {
+        k: []
+        for k in (
+            "step",
+            "generate",
+            "gen_and_score",
+            "loss_forward",
+            "backward_and_optimizer",
+            "loss_tokens",
+            "generated_tokens",
+        )
+    }
 
     class Steps(TrainerCallback):
         def on_step_begin(self, *_args, **_kw):
@@ -420,8 +525,13 @@ def part_profile(a) -> dict:
     return {"text": text, "peak_rss_gib": peak_rss_gib()}
 
 
-PARTS = {"roofline": part_roofline, "generate": part_generate, "nanorl": part_nanorl, "trl": part_trl,
-         "profile": part_profile}
+PARTS = {
+    "roofline": part_roofline,
+    "generate": part_generate,
+    "nanorl": part_nanorl,
+    "trl": part_trl,
+    "profile": part_profile,
+}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -444,11 +554,14 @@ def ceiling(n: dict, g: dict, a, N: int, rate: float) -> float:
 def report(res: dict, a) -> str:
     """The README table: ratios from this one run."""
     roof_info = res.get("roofline", {})
-    lines = [f"Commit {res.get('commit', '?')}, {res.get('machine', '?')}. "
-             f"Model {a.model}, {roof_info.get('device', '')} {roof_info.get('dtype', '')}, "
-             f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, "
-             f"{f'LoRA rank {a.lora_r} (alpha 32, every linear projection), ' if a.lora_r else ''}"
-             f"{torch.get_num_threads()} threads, medians of {a.reps} (min-max).", ""]
+    lines = [
+        f"Commit {res.get('commit', '?')}, {res.get('machine', '?')}. "
+        f"Model {a.model}, {roof_info.get('device', '')} {roof_info.get('dtype', '')}, "
+        f"{a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, "
+        f"{f'LoRA rank {a.lora_r} (alpha 32, every linear projection), ' if a.lora_r else ''}"
+        f"{torch.get_num_threads()} threads, medians of {a.reps} (min-max).",
+        "",
+    ]
     fmt = lambda d: f"{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f})"  # noqa: E731
     gib = lambda r: f"{r['peak_rss_gib']:.2f} GiB"  # noqa: E731
     n, g, t, roof = res.get("nanorl"), res.get("generate"), res.get("trl"), res.get("roofline")
@@ -456,63 +569,95 @@ def report(res: dict, a) -> str:
     if n and t:
         step_as_run = n["rollout"]["median"] + n["reward"]["median"] + n["update_as_run"]["median"]
         step_all = n["rollout"]["median"] + n["reward"]["median"] + n["update_all_rows"]["median"]
-        rows = [("step, every row trained (the same work)", step_all, t["step"]["median"]),
-                ("step, as the loop runs (zero-advantage rows skipped)", step_as_run, t["step"]["median"]),
-                ("rollout: generation (+ reward and bookkeeping for TRL)", n["rollout"]["median"] + n["reward"]["median"],
-                 t["gen_and_score"]["median"]),
-                ("update, every row (loss forward + backward + optimizer)", n["update_all_rows"]["median"],
-                 t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"])]
+        rows = [
+            ("step, every row trained (the same work)", step_all, t["step"]["median"]),
+            ("step, as the loop runs (zero-advantage rows skipped)", step_as_run, t["step"]["median"]),
+            (
+                "rollout: generation (+ reward and bookkeeping for TRL)",
+                n["rollout"]["median"] + n["reward"]["median"],
+                t["gen_and_score"]["median"],
+            ),
+            (
+                "update, every row (loss forward + backward + optimizer)",
+                n["update_all_rows"]["median"],
+                t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"],
+            ),
+        ]
         lines += [f"| {name} | {x:.2f} s | {y:.2f} s | {x / y:.2f}x |" for name, x, y in rows]
         lines.append(f"| peak resident memory | {gib(n)} | {gib(t)} | {n['peak_rss_gib'] / t['peak_rss_gib']:.2f}x |")
         if "peak_gpu_gib" in n and "peak_gpu_gib" in t:
-            lines.append(f"| peak GPU memory (allocated) | {n['peak_gpu_gib']:.2f} GiB | {t['peak_gpu_gib']:.2f} GiB | "
-                         f"{n['peak_gpu_gib'] / t['peak_gpu_gib']:.2f}x |")
+            lines.append(
+                f"| peak GPU memory (allocated) | {n['peak_gpu_gib']:.2f} GiB | {t['peak_gpu_gib']:.2f} GiB | "
+                f"{n['peak_gpu_gib'] / t['peak_gpu_gib']:.2f}x |"
+            )
     lines.append("")
     if n and g:
-        lines.append(f"- Rollout against plain `generate` for the same {a.prompts * a.samples} rows: nanorl "
-                     f"{n['rollout_tokens_per_s']['median']:.0f} tokens/s, generate {g['tokens_per_s']['median']:.0f} "
-                     f"tokens/s ({n['rollout_tokens_per_s']['median'] / g['tokens_per_s']['median']:.2f}x); generate "
-                     f"took {fmt(g['time'])}, of which its prefill {g['prefill_time']['median']:.2f} s.")
+        lines.append(
+            f"- Rollout against plain `generate` for the same {a.prompts * a.samples} rows: nanorl "
+            f"{n['rollout_tokens_per_s']['median']:.0f} tokens/s, generate {g['tokens_per_s']['median']:.0f} "
+            f"tokens/s ({n['rollout_tokens_per_s']['median'] / g['tokens_per_s']['median']:.2f}x); generate "
+            f"took {fmt(g['time'])}, of which its prefill {g['prefill_time']['median']:.2f} s."
+        )
     if roof and n:
         N, fl = roof["matmul_params"], roof["flops"]
         big, small = fl["update_m512_fwd_bwd"]["median"], fl["decode_m64_fwd"]["median"]
         ideal_update = 6 * N * n["update_tokens_all_rows"]["median"] / big
         ideal_roll = 2 * N * n["rollout_tokens"]["median"] / small
-        libs = "; ".join(f"{lib} {r['update_m512_fwd_bwd'] / 1e9:.0f} and {r['decode_m64_fwd'] / 1e9:.0f}"
-                         for lib, r in _by_lib(roof).items())
-        lines.append(f"- Matmul roofline ({N / 1e6:.1f}M matmul weights, the faster library for each kind of matmul): "
-                     f"{big / 1e9:.0f} GFLOP/s at M=512 (forward + backward), {small / 1e9:.0f} GFLOP/s at M=64 (decode) "
-                     f"[one library alone: {libs}]. nanorl's update of every row processes "
-                     f"{n['update_tokens_all_rows']['median']:.0f} tokens (padding included): ideal {ideal_update:.2f} s, "
-                     f"measured {n['update_all_rows']['median']:.2f} s = {ideal_update / n['update_all_rows']['median']:.0%} "
-                     f"of the roofline. Rollout: {n['rollout_tokens']['median']:.0f} generated tokens, ideal "
-                     f"{ideal_roll:.2f} s at the decode rate, measured {n['rollout']['median']:.2f} s "
-                     f"({ideal_roll / n['rollout']['median']:.0%})"
-                     + (f"; with its prefill (each prompt once, {g['prompt_tokens'] / a.samples:.0f} tokens) at the "
-                        f"same rate, no rollout can beat `generate` by more than {ceiling(n, g, a, N, small):.1f}x here"
-                        if g else "") + ".")
+        libs = "; ".join(
+            f"{lib} {r['update_m512_fwd_bwd'] / 1e9:.0f} and {r['decode_m64_fwd'] / 1e9:.0f}"
+            for lib, r in _by_lib(roof).items()
+        )
+        lines.append(
+            f"- Matmul roofline ({N / 1e6:.1f}M matmul weights, the faster library for each kind of matmul): "
+            f"{big / 1e9:.0f} GFLOP/s at M=512 (forward + backward), {small / 1e9:.0f} GFLOP/s at M=64 (decode) "
+            f"[one library alone: {libs}]. nanorl's update of every row processes "
+            f"{n['update_tokens_all_rows']['median']:.0f} tokens (padding included): ideal {ideal_update:.2f} s, "
+            f"measured {n['update_all_rows']['median']:.2f} s = {ideal_update / n['update_all_rows']['median']:.0%} "
+            f"of the roofline. Rollout: {n['rollout_tokens']['median']:.0f} generated tokens, ideal "
+            f"{ideal_roll:.2f} s at the decode rate, measured {n['rollout']['median']:.2f} s "
+            f"({ideal_roll / n['rollout']['median']:.0%})"
+            + (
+                f"; with its prefill (each prompt once, {g['prompt_tokens'] / a.samples:.0f} tokens) at the "
+                f"same rate, no rollout can beat `generate` by more than {ceiling(n, g, a, N, small):.1f}x here"
+                if g
+                else ""
+            )
+            + "."
+        )
         if t and "loss_tokens" in t:
             ideal_t = 6 * N * t["loss_tokens"]["median"] / big
             upd_t = t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"]
-            lines.append(f"- TRL's update processes {t['loss_tokens']['median']:.0f} tokens: ideal {ideal_t:.2f} s, "
-                         f"measured {upd_t:.2f} s = {ideal_t / upd_t:.0%} of the roofline.")
+            lines.append(
+                f"- TRL's update processes {t['loss_tokens']['median']:.0f} tokens: ideal {ideal_t:.2f} s, "
+                f"measured {upd_t:.2f} s = {ideal_t / upd_t:.0%} of the roofline."
+            )
     if roof and "peak_flops" in roof:  # on a GPU: model FLOPs utilisation against the chip's measured peak
         N, P = roof["matmul_params"], roof["peak_flops"]
         mfu = lambda flops, secs: f"{flops / secs / 1e12:.1f} TFLOP/s = {flops / secs / P:.1%} MFU"  # noqa: E731
         parts = []
         if n:
-            parts += [f"nanorl rollout {n['rollout_tokens_per_s']['median']:.0f} tokens/s "
-                      f"({mfu(2 * N * n['rollout_tokens']['median'], n['rollout']['median'])}), update of every row "
-                      f"{mfu(6 * N * n['update_tokens_all_rows']['median'], n['update_all_rows']['median'])}"]
+            parts += [
+                f"nanorl rollout {n['rollout_tokens_per_s']['median']:.0f} tokens/s "
+                f"({mfu(2 * N * n['rollout_tokens']['median'], n['rollout']['median'])}), update of every row "
+                f"{mfu(6 * N * n['update_tokens_all_rows']['median'], n['update_all_rows']['median'])}"
+            ]
         if g:
             parts += [f"`generate` {g['tokens_per_s']['median']:.0f} tokens/s"]
         if t and "loss_tokens" in t:
             upd_t = t["loss_forward"]["median"] + t["backward_and_optimizer"]["median"]
-            parts += [f"TRL update {mfu(6 * N * t['loss_tokens']['median'], upd_t)}"
-                      + (f", generation {t['generate_tokens_per_s']['median']:.0f} tokens/s"
-                         if "generate_tokens_per_s" in t else "")]
-        lines.append(f"- {roof.get('gpu', 'GPU')}: measured bf16 peak {P / 1e12:.0f} TFLOP/s (8192^3 product); "
-                     + "; ".join(parts) + " (model FLOPs: 2N per generated token, 6N per trained token).")
+            parts += [
+                f"TRL update {mfu(6 * N * t['loss_tokens']['median'], upd_t)}"
+                + (
+                    f", generation {t['generate_tokens_per_s']['median']:.0f} tokens/s"
+                    if "generate_tokens_per_s" in t
+                    else ""
+                )
+            ]
+        lines.append(
+            f"- {roof.get('gpu', 'GPU')}: measured bf16 peak {P / 1e12:.0f} TFLOP/s (8192^3 product); "
+            + "; ".join(parts)
+            + " (model FLOPs: 2N per generated token, 6N per trained token)."
+        )
     for part, why in res.get("failed", {}).items():
         lines.append(f"- Part '{part}' failed and is left out: {' '.join(why)[:300]}")
     return "\n".join(lines) + "\n"
@@ -529,8 +674,12 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8, help="completions per prompt (the group size)")
     p.add_argument("--new-tokens", type=int, default=32, help="max new tokens per completion")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--micro-batch-size", type=int, default=GRPOConfig.micro_batch_size,
-                   help="nanorl's rows per forward/backward (default: the config default)")
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=GRPOConfig.micro_batch_size,
+        help="nanorl's rows per forward/backward (default: the config default)",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda + bf16 if present, else cpu + fp32) | cpu | cuda")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank for nanorl and TRL alike (0 = full fine-tuning)")
     p.add_argument("--out", default="results/speed")
@@ -546,16 +695,40 @@ def main() -> None:
     except OSError:  # no git (a copied tree)
         commit = ""
     commit = commit or os.environ.get("NANORL_COMMIT", "unknown")
-    res = {"commit": commit, "machine": f"{cpu_identity()}, {os.cpu_count()} cores",
-           "torch": torch.__version__, "command": " ".join(sys.argv)}
+    res = {
+        "commit": commit,
+        "machine": f"{cpu_identity()}, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+    }
     for part in a.parts.split(","):
         if part not in PARTS:
             raise SystemExit(f"--parts: unknown part '{part}' (choose from {', '.join(PARTS)})")
         t = time.perf_counter()
-        cmd = [sys.executable, __file__, "--worker", part, "--model", a.model, "--reps", str(a.reps),
-               "--warmup", str(a.warmup), "--device", a.device, "--micro-batch-size", str(a.micro_batch_size),
-               "--prompts", str(a.prompts), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
-               "--lora-r", str(a.lora_r)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            part,
+            "--model",
+            a.model,
+            "--reps",
+            str(a.reps),
+            "--warmup",
+            str(a.warmup),
+            "--device",
+            a.device,
+            "--micro-batch-size",
+            str(a.micro_batch_size),
+            "--prompts",
+            str(a.prompts),
+            "--samples",
+            str(a.samples),
+            "--new-tokens",
+            str(a.new_tokens),
+            "--lora-r",
+            str(a.lora_r),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode or line is None:  # e.g. TRL not installed: the other parts still report
@@ -563,7 +736,7 @@ def main() -> None:
             print(f"[speed] part '{part}' FAILED (exit {proc.returncode}); left out of the table", flush=True)
             res.setdefault("failed", {})[part] = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
             continue
-        res[part] = json.loads(line[len("RESULT "):])
+        res[part] = json.loads(line[len("RESULT ") :])
         if part == "profile":
             (out / "profile_nanorl.txt").write_text(res[part].pop("text"))
         print(f"[speed] {part}: {time.perf_counter() - t:.0f} s", flush=True)

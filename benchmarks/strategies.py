@@ -48,12 +48,46 @@ sys.stdout.flush(); sys.stderr.flush(); os._exit(0)  # as nanorl.cli does under 
 
 def run(strategy: str, a, out: Path) -> dict:
     name = f"{strategy}_{a.nproc}proc"
-    args = ["train", "--model", a.model, "--device", a.device, "--strategy", strategy, "--backend", "torch",
-            "--steps", str(a.steps), "--eval-size", "16", "--eval-every", "1000", "--save-every", "2",
-            "--report-to", "none", "--lr-schedule", "constant", "--reward", f"{out / 'reward.py'}:distinct",
-            "--out-dir", str(out / name), *a.extra.split()]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(a.nproc), "--no-python",
-           sys.executable, "-c", WORKER, *args]
+    args = [
+        "train",
+        "--model",
+        a.model,
+        "--device",
+        a.device,
+        "--strategy",
+        strategy,
+        "--backend",
+        "torch",
+        "--steps",
+        str(a.steps),
+        "--eval-size",
+        "16",
+        "--eval-every",
+        "1000",
+        "--save-every",
+        "2",
+        "--report-to",
+        "none",
+        "--lr-schedule",
+        "constant",
+        "--reward",
+        f"{out / 'reward.py'}:distinct",
+        "--out-dir",
+        str(out / name),
+        *a.extra.split(),
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(a.nproc),
+        "--no-python",
+        sys.executable,
+        "-c",
+        WORKER,
+        *args,
+    ]
     t = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PEAK_FILE": str(out / name)})
     wall = time.perf_counter() - t
@@ -62,12 +96,17 @@ def run(strategy: str, a, out: Path) -> dict:
         raise SystemExit(f"{name} failed:\n{res.stderr[-3000:]}")
     steps = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
     peaks = [json.loads(Path(f"{out / name}.{r}").read_text()) for r in range(a.nproc)]
-    return {"run": name, "strategy": strategy, "wall_s": wall,
-            "step_s": statistics.median(s["time/step"] for s in steps[1:] or steps),  # the first step warms up
-            "update_tokens_per_s": statistics.median(s["perf/update_tokens_per_s"] for s in steps[1:] or steps),
-            "rollout_tokens_per_s": statistics.median(s["perf/rollout_tokens_per_s"] for s in steps[1:] or steps),
-            "peak_gib": [p["peak_gib"] for p in peaks], "peak": peaks[0]["what"],
-            "checkpoint": sorted(p.name for p in (out / name / "checkpoint").iterdir())}
+    return {
+        "run": name,
+        "strategy": strategy,
+        "wall_s": wall,
+        "step_s": statistics.median(s["time/step"] for s in steps[1:] or steps),  # the first step warms up
+        "update_tokens_per_s": statistics.median(s["perf/update_tokens_per_s"] for s in steps[1:] or steps),
+        "rollout_tokens_per_s": statistics.median(s["perf/rollout_tokens_per_s"] for s in steps[1:] or steps),
+        "peak_gib": [p["peak_gib"] for p in peaks],
+        "peak": peaks[0]["what"],
+        "checkpoint": sorted(p.name for p in (out / name / "checkpoint").iterdir()),
+    }
 
 
 def main() -> None:
@@ -86,14 +125,22 @@ def main() -> None:
     one, two = (load_file(out / r["run"] / "model" / "model.safetensors") for r in rows)
     diff = max((one[k] - two[k]).abs().max().item() for k in one)
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else cpu_identity()
-    lines = [f"{a.model}, {a.nproc} process(es) on {device}, torch {torch.__version__}, {a.steps} steps {a.extra}", "",
-             f"| strategy | step (median) | update tokens/s | rollout tokens/s | peak per process ({rows[0]['peak']}) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"{a.model}, {a.nproc} process(es) on {device}, torch {torch.__version__}, {a.steps} steps {a.extra}",
+        "",
+        f"| strategy | step (median) | update tokens/s | rollout tokens/s | peak per process ({rows[0]['peak']}) |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['strategy']} | {r['step_s']:.2f} s | {r['update_tokens_per_s']:.0f} | "
-                     f"{r['rollout_tokens_per_s']:.0f} | {' / '.join(f'{x:.2f}' for x in r['peak_gib'])} GiB |")
-    lines += ["", f"final weights, ddp against fsdp: max |difference| {diff:.2e}",
-              f"fsdp checkpoint: {', '.join(rows[1]['checkpoint'])}"]
+        lines.append(
+            f"| {r['strategy']} | {r['step_s']:.2f} s | {r['update_tokens_per_s']:.0f} | "
+            f"{r['rollout_tokens_per_s']:.0f} | {' / '.join(f'{x:.2f}' for x in r['peak_gib'])} GiB |"
+        )
+    lines += [
+        "",
+        f"final weights, ddp against fsdp: max |difference| {diff:.2e}",
+        f"fsdp checkpoint: {', '.join(rows[1]['checkpoint'])}",
+    ]
     (out / "results.json").write_text(json.dumps({"runs": rows, "max_abs_diff": diff, "device": device}, indent=2))
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

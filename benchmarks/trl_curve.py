@@ -69,7 +69,7 @@ def main() -> None:
     from nanorl.evaluate import evaluate
     from nanorl.models import load_model, stop_token_ids
     from nanorl.online import prompt_order
-    from nanorl.sampling import LocalSampler
+    from nanorl.sampling import LocalSampler, SamplingParams
     from nanorl.tasks import task_from_config
 
     # ----------------------------------------------------------------------------- the same run
@@ -86,16 +86,40 @@ def main() -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     n = cfg.prompts_per_step * cfg.samples_per_prompt
-    args = TRLConfig(output_dir=tempfile.mkdtemp(prefix="trl_curve_"), per_device_train_batch_size=n,
-                     num_generations=cfg.samples_per_prompt, max_completion_length=cfg.max_new_tokens,
-                     temperature=cfg.temperature, top_k=0, top_p=1.0, beta=0.0, loss_type="dapo",
-                     scale_rewards="group", num_iterations=1, gradient_accumulation_steps=1,
-                     learning_rate=cfg.lr, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8,
-                     weight_decay=cfg.weight_decay, max_grad_norm=cfg.grad_clip, warmup_steps=cfg.warmup_steps,
-                     lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
-                     gradient_checkpointing=False, use_cpu=True, max_steps=cfg.steps, logging_steps=1,
-                     bf16=False, fp16=False,  # TRL's own default is bf16=True, which autocasts on CPUs too
-                     report_to="none", save_strategy="no", shuffle_dataset=False, seed=cfg.seed, disable_dropout=True)
+    args = TRLConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_curve_"),
+        per_device_train_batch_size=n,
+        num_generations=cfg.samples_per_prompt,
+        max_completion_length=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_k=0,
+        top_p=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        learning_rate=cfg.lr,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        adam_epsilon=1e-8,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.grad_clip,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.1},
+        gradient_checkpointing=False,
+        use_cpu=True,
+        max_steps=cfg.steps,
+        logging_steps=1,
+        bf16=False,
+        fp16=False,  # TRL's own default is bf16=True, which autocasts on CPUs too
+        report_to="none",
+        save_strategy="no",
+        shuffle_dataset=False,
+        seed=cfg.seed,
+        disable_dropout=True,
+    )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
     assert trainer.accelerator.mixed_precision == "no", "TRL must run in fp32, as nanorl does on CPU"
 
@@ -103,11 +127,18 @@ def main() -> None:
     rec = {"step_s": [], "logs": [], "curve": []}
 
     def score(step: int, train_s: float) -> None:
-        metrics, _ = evaluate(LocalSampler(trainer.model, stop_token_ids(trainer.model, tok), tok.pad_token_id), tok, task,
-                              cfg.max_new_tokens)
+        metrics, _ = evaluate(
+            LocalSampler(trainer.model, stop_token_ids(trainer.model, tok), tok.pad_token_id),
+            tok,
+            task,
+            SamplingParams(cfg.max_new_tokens),
+        )
         rec["curve"].append({"step": step, "minutes": train_s / 60, "acc": metrics["eval/greedy_acc"]})
-        print(f"[trl_curve] step {step}: held-out greedy {metrics['eval/greedy_acc']:.1%} "
-              f"after {train_s / 60:.1f} training min", flush=True)
+        print(
+            f"[trl_curve] step {step}: held-out greedy {metrics['eval/greedy_acc']:.1%} "
+            f"after {train_s / 60:.1f} training min",
+            flush=True,
+        )
         (out / "curve.json").write_text(json.dumps({"trl": rec}, indent=1))
 
     class Clock(TrainerCallback):
@@ -131,8 +162,11 @@ def main() -> None:
     # ----------------------------------------------------------------------------- report
     import trl
 
-    report({"trl_version": trl.__version__, "command": "python benchmarks/trl_curve.py", "trl": rec},
-           Path(a.nanorl_run), out)
+    report(
+        {"trl_version": trl.__version__, "command": "python benchmarks/trl_curve.py", "trl": rec},
+        Path(a.nanorl_run),
+        out,
+    )
 
 
 def report(res: dict, nanorl_run: Path, out: Path) -> None:
@@ -144,8 +178,11 @@ def report(res: dict, nanorl_run: Path, out: Path) -> None:
     ours = {c["step"]: c for c in res.get("nanorl", {}).get("curve", [])}
     for c in res["trl"]["curve"]:
         o = ours.get(c["step"])
-        rows.append(f"| {c['step']} | {o['minutes']:.1f} | {o['acc']:.1%} | {c['minutes']:.1f} | {c['acc']:.1%} |"
-                    if o else f"| {c['step']} | - | - | {c['minutes']:.1f} | {c['acc']:.1%} |")
+        rows.append(
+            f"| {c['step']} | {o['minutes']:.1f} | {o['acc']:.1%} | {c['minutes']:.1f} | {c['acc']:.1%} |"
+            if o
+            else f"| {c['step']} | - | - | {c['minutes']:.1f} | {c['acc']:.1%} |"
+        )
     (out / "table.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     try:

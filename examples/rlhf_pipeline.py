@@ -36,16 +36,30 @@ def main() -> None:
     # ------------------------------------------------------------------ 2. reward model
     rm = rm_train(RMConfig(model=str(out / "sft" / "model"), out_dir=str(out / "rm"), epochs=1))
     # ------------------------------------------------------------------ 3. PPO on the learned reward
-    ppo = ppo_train(PPOConfig(model=str(out / "sft" / "model"), reward_model=str(out / "rm" / "model"),
-                              critic_model=str(out / "rm" / "model"), rule_weight=0.0, steps=a.steps,
-                              eval_every=max(1, a.steps // 2), save_every=0, out_dir=str(out / "ppo"),
-                              eval_size=16 if small else 200, max_new_tokens=8 if small else 32))
-    summary = {"sft": {"task_greedy_acc": [sft["before"]["eval/task_greedy_acc"], sft["after"]["eval/task_greedy_acc"]]},
-               "rm": {"eval_pref_acc": [rm["before"]["eval/pref_acc"], rm["after"]["eval/pref_acc"]]},
-               "ppo": {"greedy_acc": [ppo["before"]["eval/greedy_acc"], ppo["after"]["eval/greedy_acc"]]}}
+    ppo = ppo_train(
+        PPOConfig(
+            model=str(out / "sft" / "model"),
+            reward_model=str(out / "rm" / "model"),
+            critic_model=str(out / "rm" / "model"),
+            rule_weight=0.0,
+            steps=a.steps,
+            eval_every=max(1, a.steps // 2),
+            save_every=0,
+            out_dir=str(out / "ppo"),
+            eval_size=16 if small else 200,
+            max_new_tokens=8 if small else 32,
+        )
+    )
+    summary = {
+        "sft": {"task_greedy_acc": [sft["before"]["eval/task_greedy_acc"], sft["after"]["eval/task_greedy_acc"]]},
+        "rm": {"eval_pref_acc": [rm["before"]["eval/pref_acc"], rm["after"]["eval/pref_acc"]]},
+        "ppo": {"greedy_acc": [ppo["before"]["eval/greedy_acc"], ppo["after"]["eval/greedy_acc"]]},
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("[nanorl] pipeline: " + "; ".join(f"{stage} {k} {v[0]:.1%} -> {v[1]:.1%}"
-                                             for stage, d in summary.items() for k, v in d.items()))
+    print(
+        "[nanorl] pipeline: "
+        + "; ".join(f"{stage} {k} {v[0]:.1%} -> {v[1]:.1%}" for stage, d in summary.items() for k, v in d.items())
+    )
 
 
 if __name__ == "__main__":

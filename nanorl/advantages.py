@@ -24,12 +24,11 @@ import torch
 
 def _centre(r: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
     """r - baseline, exactly 0 where all rewards of the row are equal (a float mean of 0.3s is not 0.3)."""
-    flat = (r.amax(dim=-1, keepdim=True) == r.amin(dim=-1, keepdim=True))
+    flat = r.amax(dim=-1, keepdim=True) == r.amin(dim=-1, keepdim=True)
     return torch.where(flat, torch.zeros_like(r), r - baseline)
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
-                     lengths: torch.Tensor | None = None, std_correction: int = 0):
+def group_advantages(rewards, group_size: int, scale_by_std=True, eps=1e-6, lengths=None, std_correction=0):
     """GRPO / Dr. GRPO. A group whose rewards are all equal gets advantage 0 exactly (never NaN)."""
     r = rewards.float().view(-1, group_size)  # (groups, group_size)
     centered = _centre(r, r.mean(dim=1, keepdim=True))
@@ -37,8 +36,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
     return adv.view(-1)  # (N,)
 
 
-def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-6,
-                    lengths: torch.Tensor | None = None, std_correction: int = 0):
+def rloo_advantages(rewards, group_size: int, scale_by_std=False, eps=1e-6, lengths=None, std_correction=0):
     """RLOO: each sample's baseline is the mean reward of the *other* group_size - 1 samples of its group."""
     if group_size < 2:
         raise ValueError("config key 'samples_per_prompt': RLOO needs at least 2 samples per prompt")
@@ -50,8 +48,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool =
     return adv.view(-1)  # (N,)
 
 
-def token_whiten(x: torch.Tensor, lengths: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6,
-                 std_correction: int = 0) -> torch.Tensor:
+def token_whiten(x: torch.Tensor, lengths: torch.Tensor, scale_by_std=True, eps=1e-6, std_correction=0):
     """Whiten per-sequence values x (N,) as if repeated over each sequence's tokens (lengths (N,)): the mean
     and std of the batch's tokens, so a long sequence weighs by its length. Equal values give exactly 0."""
     w = lengths.float()  # (N,) tokens of each sequence
@@ -62,8 +59,7 @@ def token_whiten(x: torch.Tensor, lengths: torch.Tensor, scale_by_std: bool = Tr
     return adv
 
 
-def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
-                     lengths: torch.Tensor | None = None, std_correction: int = 0):
+def batch_advantages(rewards, group_size: int, scale_by_std=True, eps=1e-6, lengths=None, std_correction=0):
     """REINFORCE++: the reward whitened over every token of the batch (arXiv 2501.03262, eq. 10-11).
     With lengths [10, 1, 1, 1] and rewards [1, 0, 0, 0] the long sequence gets 0.55, not the 1.73 a
     per-sequence normalisation gives. Without `lengths` every sequence counts as one token."""
@@ -71,8 +67,7 @@ def batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
     return token_whiten(r, torch.ones_like(r) if lengths is None else lengths, scale_by_std, eps, std_correction)
 
 
-def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
-                           lengths: torch.Tensor | None = None, std_correction: int = 0):
+def group_batch_advantages(rewards, group_size: int, scale_by_std=True, eps=1e-6, lengths=None, std_correction=0):
     """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's tokens. Groups with equal
     rewards get the shift of that whitening, not 0: they are trained, as in verl and OpenRLHF."""
     r = rewards.float().view(-1, group_size)  # (groups, group_size)
@@ -80,8 +75,12 @@ def group_batch_advantages(rewards: torch.Tensor, group_size: int, scale_by_std:
     return batch_advantages(centred, group_size, scale_by_std, eps, lengths, std_correction)
 
 
-ESTIMATORS = {"group": group_advantages, "rloo": rloo_advantages, "batch": batch_advantages,
-              "group_batch": group_batch_advantages}
+ESTIMATORS = {
+    "group": group_advantages,
+    "rloo": rloo_advantages,
+    "batch": batch_advantages,
+    "group_batch": group_batch_advantages,
+}
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):

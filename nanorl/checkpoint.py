@@ -24,13 +24,12 @@ from pathlib import Path
 
 import torch
 
+from nanorl import distributed
 from nanorl.config import to_dict
 from nanorl.errors import ConfigError
-from nanorl import distributed
 
 
-def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dict | None = None,
-         models: dict | None = None, keep_last: int = 1, optimizers: dict | None = None) -> None:
+def save(path: Path, model, tok, opt=None, sched=None, step=0, extra=None, models=None, keep_last=1, optimizers=None):
     """Write the model, tokenizer, other `models` (e.g. {"critic": critic}, each in its own subfolder: all of them
     are replaced in one rename) and, with `opt`, the trainer state, with other `optimizers` {key: (model, opt)}
     beside `opt`'s; keep_last > 1 keeps the previous checkpoints as checkpoint-step<N>. Only the main process
@@ -51,8 +50,10 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(path.parent).free / 2**30
         full = ": no space left" if free < 1 else ""
-        raise OSError(f"writing the checkpoint {path} failed ({free:.2f} GiB free on its disk{full}); the previous "
-                      f"checkpoint is intact: {e}") from e
+        raise OSError(
+            f"writing the checkpoint {path} failed ({free:.2f} GiB free on its disk{full}); the previous "
+            f"checkpoint is intact: {e}"
+        ) from e
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -61,7 +62,7 @@ def save(path: Path, model, tok, opt=None, sched=None, step: int = 0, extra: dic
     if keep_last > 1 and (old / "step").is_file():
         old.rename(path.with_name(f"{path.name}-step{(old / 'step').read_text()}"))
         older = sorted(path.parent.glob(f"{path.name}-step*"), key=lambda d: int(d.name.split("-step")[1]))
-        for stale in older[:-(keep_last - 1)]:
+        for stale in older[: -(keep_last - 1)]:
             shutil.rmtree(stale)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -70,13 +71,22 @@ def _write(tmp: Path, model, tok, optim, sched, step: int, extra: dict | None, m
     """Everything a checkpoint holds, into the folder `tmp`; `weights`: each model's state dict (None: its own)."""
     for name, m in {".": model, **(models or {})}.items():  # each loadable on its own, with the tokenizer
         # a peft adapter alone; without save_embedding_layers peft looks its base model up on the hub
-        m.save_pretrained(tmp / name, state_dict=weights[name],
-                          **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
+        m.save_pretrained(
+            tmp / name,
+            state_dict=weights[name],
+            **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
+        )
         tok.save_pretrained(tmp / name)
     (tmp / "step").write_text(str(step))
     if optim:
-        state = {"step": step, **optim, "scheduler": sched.state_dict(),
-                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), **(extra or {})}
+        state = {
+            "step": step,
+            **optim,
+            "scheduler": sched.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            **(extra or {}),
+        }
         torch.save(state, tmp / "trainer_state.pt")
 
 
@@ -89,15 +99,19 @@ def save_final(path: Path, model, tok, merge_lora: bool = True, load_base=None) 
 
         save(path, model, tok)
         dtype = next(model.parameters()).dtype
-        model = (load_adapter(path, "cpu", dtype, load_base, trainable=False)[0].merge_and_unload()
-                 if distributed.is_main() else None)
+        model = (
+            load_adapter(path, "cpu", dtype, load_base, trainable=False)[0].merge_and_unload()
+            if distributed.is_main()
+            else None
+        )
     elif hasattr(model, "peft_config") and merge_lora:
         model = model.merge_and_unload()  # the run is over: the adapters' wrappers are no longer needed
     save(path, model, tok)
 
 
-def finish(out: Path, model, tok, cfg, load, logger, t_start: float, steps: int, first: dict, last: dict,
-           summary) -> dict:
+def finish(
+    out: Path, model, tok, cfg, load, logger, t_start: float, steps: int, first: dict, last: dict, summary
+) -> dict:
     """The end of every run: the final model (save_final; `load` reads a LoRA merge's base), results.json (before /
     after) and the line summary(wall seconds) from the main process; then the run folder is closed and unlocked."""
     save_final(Path(out) / "model", model, tok, cfg.merge_lora, load)
@@ -122,8 +136,19 @@ def load_state(path: Path, opt, sched, model=None) -> dict:
 
 
 # keys a resumed run may change: where it stops and what it reports, not what it computes
-RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_last", "eval_every", "report_to", "max_bad_steps", "device",
-                     "backend", "grad_checkpointing", "strategy"}
+RESUMABLE_CHANGES = {
+    "resume",
+    "steps",
+    "save_every",
+    "keep_last",
+    "eval_every",
+    "report_to",
+    "max_bad_steps",
+    "device",
+    "backend",
+    "grad_checkpointing",
+    "strategy",
+}
 
 
 def check_resume(cfg, ckpt: Path) -> bool:
@@ -133,16 +158,22 @@ def check_resume(cfg, ckpt: Path) -> bool:
     saved = ckpt.parent / "config.json"
     if cfg.resume:
         if not (ckpt / "trainer_state.pt").is_file():  # a resumable checkpoint: one with trainer state
-            raise ConfigError(f"config key 'resume': no checkpoint to resume from in {ckpt} (write one with "
-                              f"save_every, or start a new run without --resume)")
+            raise ConfigError(
+                f"config key 'resume': no checkpoint to resume from in {ckpt} (write one with "
+                f"save_every, or start a new run without --resume)"
+            )
         old = json.loads(saved.read_text()) if saved.is_file() else {}
         changed = sorted(k for k, v in to_dict(cfg).items() if k in old and old[k] != v and k not in RESUMABLE_CHANGES)
         if changed:
-            raise ConfigError(f"config keys {changed}: differ from the run being resumed ({saved}); resume with the "
-                              f"same values or start a new run in another out_dir")
+            raise ConfigError(
+                f"config keys {changed}: differ from the run being resumed ({saved}); resume with the "
+                f"same values or start a new run in another out_dir"
+            )
         if (done := int((ckpt / "step").read_text())) > getattr(cfg, "steps", done):  # it would report a wrong end
-            raise ConfigError(f"config key 'steps': {cfg.steps} is below the step of the checkpoint being resumed "
-                              f"({done}, in {ckpt}); resume with --steps {done} or more")
+            raise ConfigError(
+                f"config key 'steps': {cfg.steps} is below the step of the checkpoint being resumed "
+                f"({done}, in {ckpt}); resume with --steps {done} or more"
+            )
         return True
     if distributed.is_main():
         for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*")):
@@ -155,8 +186,11 @@ def first_eval(resuming: bool, out: Path, evaluate_at, start: int, total: int) -
     """The "before" numbers, the first evaluation of the run, and the latest ones: on resume both read back from
     eval.jsonl, else evaluate_at(start) now. A resumed run with no step left (stopped in its last step, or given
     fewer steps) whose latest evaluation is older than its weights evaluates them now: that is its "after"."""
-    prior = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()] if resuming and \
-        distributed.is_main() else []
+    prior = (
+        [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+        if resuming and distributed.is_main()
+        else []
+    )
     prior = distributed.gather_objects([prior])[0]  # the main process's reading (it rewinds the file) on every rank
     first, last = (prior[0], prior[-1]) if prior else [evaluate_at(start)] * 2
     last = evaluate_at(start) if prior and start >= total and last.get("step", start) < start else last
@@ -178,8 +212,10 @@ def lock(out: Path) -> None:
     except OSError:
         holder = os.read(fd, 32).decode() or "?"
         os.close(fd)
-        raise ConfigError(f"config key 'out_dir': {out} is in use by another nanorl run (pid {holder}); "
-                          f"wait for it to finish or use another out_dir") from None
+        raise ConfigError(
+            f"config key 'out_dir': {out} is in use by another nanorl run (pid {holder}); "
+            f"wait for it to finish or use another out_dir"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     HELD.setdefault(Path(out).resolve(), []).append(fd)  # open until unlock(out) at the run's end, or the process's
@@ -196,8 +232,10 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signum: int, step: int, path: Path):
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint written to {path}: "
-                         f"run the same command with --resume true to continue")
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint written to {path}: "
+            f"run the same command with --resume true to continue"
+        )
 
 
 def stoppable(steps, save, path: Path):

@@ -1,13 +1,13 @@
 """The `nanorl` command.
 
-    nanorl train [--config run.yaml] [--key value ...]   # GRPO and its family; `nanorl train --help` lists every field
-    nanorl ppo [--key value ...]                          # PPO with a critic (RLHF form)
-    nanorl eval --model PATH_OR_ID --task arithmetic [--k 8]
-    nanorl dpo [--data prefs.jsonl] [--key value ...]     # DPO / IPO / hinge on preference pairs
-    nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
-    nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
-    nanorl plot RUN_DIR [RUN_DIR ...] [--out curve.png]   # every curve of the runs, overlaid
-    nanorl report RUN_DIR [--out report.html]             # one self-contained HTML page: evals, curves, samples
+nanorl train [--config run.yaml] [--key value ...]   # GRPO and its family; `nanorl train --help` lists every field
+nanorl ppo [--key value ...]                          # PPO with a critic (RLHF form)
+nanorl eval --model PATH_OR_ID --task arithmetic [--k 8]
+nanorl dpo [--data prefs.jsonl] [--key value ...]     # DPO / IPO / hinge on preference pairs
+nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
+nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
+nanorl plot RUN_DIR [RUN_DIR ...] [--out curve.png]   # every curve of the runs, overlaid
+nanorl report RUN_DIR [--out report.html]             # one self-contained HTML page: evals, curves, samples
 """
 
 from __future__ import annotations
@@ -21,15 +21,20 @@ from nanorl.checkpoint import Interrupted
 from nanorl.config import DPOConfig, EvalConfig, GRPOConfig, PPOConfig, RMConfig, SFTConfig, parse_args
 from nanorl.errors import ConfigError, RewardSetupError
 
-TRAINERS = {"train": ("nanorl.grpo", GRPOConfig), "ppo": ("nanorl.ppo", PPOConfig), "dpo": ("nanorl.dpo", DPOConfig),
-            "sft": ("nanorl.sft", SFTConfig), "rm": ("nanorl.reward_model", RMConfig)}
+TRAINERS = {
+    "train": ("nanorl.grpo", GRPOConfig),
+    "ppo": ("nanorl.ppo", PPOConfig),
+    "dpo": ("nanorl.dpo", DPOConfig),
+    "sft": ("nanorl.sft", SFTConfig),
+    "rm": ("nanorl.reward_model", RMConfig),
+}
 
 
 def eval_main(cfg: EvalConfig) -> None:
     from nanorl.backends import select_backend
     from nanorl.evaluate import evaluate
     from nanorl.models import load_model, resolve_device, stop_token_ids
-    from nanorl.sampling import LocalSampler
+    from nanorl.sampling import LocalSampler, SamplingParams
     from nanorl.tasks import task_from_config
 
     task = task_from_config(cfg)
@@ -38,8 +43,8 @@ def eval_main(cfg: EvalConfig) -> None:
     model, tok = load_model(cfg.model, device, dtype)
     model.eval()
     sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
-    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.k, cfg.temperature, cfg.system_prompt,
-                                top_p=cfg.top_p, top_k=cfg.top_k)
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+    metrics, samples = evaluate(sampler, tok, task, params, cfg.k, cfg.system_prompt)
     print(json.dumps(metrics, indent=2))
     if cfg.out:
         with open(cfg.out, "w") as f:

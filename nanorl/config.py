@@ -31,8 +31,11 @@ def defaults(**values):
 
     def wrap(cls):
         for name, value in values.items():
-            declared = next(vars(b)["__dataclass_fields__"][name] for b in cls.__mro__
-                            if name in vars(b).get("__dataclass_fields__", {}))
+            declared = next(
+                vars(b)["__dataclass_fields__"][name]
+                for b in cls.__mro__
+                if name in vars(b).get("__dataclass_fields__", {})
+            )
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: declared.type}
             setattr(cls, name, field(default=value, metadata=declared.metadata))
         return dataclass(cls)
@@ -169,8 +172,9 @@ class GRPOConfig(OnlineConfig):
     kl_placement: str = _f("loss", "KL as a loss term (GRPO) or as a detached penalty on the reward (PPO-RLHF)")
 
 
-@defaults(out_dir="runs/ppo", prompts_per_step=16, samples_per_prompt=4, minibatch_size=32, kl_coef=0.02,
-          kl_estimator="k1")
+@defaults(
+    out_dir="runs/ppo", prompts_per_step=16, samples_per_prompt=4, minibatch_size=32, kl_coef=0.02, kl_estimator="k1"
+)
 class PPOConfig(OnlineConfig):
     """PPO with a learned critic, in the RLHF form (arXiv 1707.06347, 2203.02155); `nanorl ppo`. The KL to the
     reference is a per-token penalty in the reward."""
@@ -214,16 +218,21 @@ class RMConfig(OfflineConfig):
     """A Bradley-Terry reward model: a scalar head on a causal LM backbone, trained on preference pairs"""
 
 
-COMMANDS = {GRPOConfig: "nanorl train", PPOConfig: "nanorl ppo", DPOConfig: "nanorl dpo", SFTConfig: "nanorl sft",
-            RMConfig: "nanorl rm", EvalConfig: "nanorl eval"}
+COMMANDS = {
+    GRPOConfig: "nanorl train",
+    PPOConfig: "nanorl ppo",
+    DPOConfig: "nanorl dpo",
+    SFTConfig: "nanorl sft",
+    RMConfig: "nanorl rm",
+    EvalConfig: "nanorl eval",
+}
 
 
 # Each preset is a set of knob values; the loop never branches on the algorithm's name.
 PRESETS: dict[str, dict] = {
     "grpo": {},  # DeepSeekMath arXiv 2402.03300, with the token-level loss (README, Algorithms)
     "dr_grpo": {"scale_adv_by_std": False, "loss_agg": "constant"},  # arXiv 2503.20783
-    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "dynamic_sampling": 3, "loss_agg": "token",
-             "overlong": "soft"},  # arXiv 2503.14476
+    "dapo": {"clip_high": 0.28, "dynamic_sampling": 3, "loss_agg": "token", "overlong": "soft"},  # 2503.14476
     "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071
     "rloo": {"adv_estimator": "rloo", "scale_adv_by_std": False, "loss_agg": "sequence"},  # arXiv 2402.14740
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
@@ -231,32 +240,45 @@ PRESETS: dict[str, dict] = {
 }
 REPORT_TO = ("console", "tensorboard", "wandb", "none")  # logger.make_logger
 # The allowed values of each string key, for every config that has the key.
-CHOICES = {"adv_estimator": ("group", "rloo", "batch", "group_batch"), "std_correction": (0, 1),
-           "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-           "loss_agg": ("token", "sequence", "constant"), "ratio_level": ("token", "sequence"),
-           "overlong": ("none", "filter", "soft"),
-           "kl_estimator": ("k1", "k2", "k3"), "kl_placement": ("loss", "reward"), "reward_errors": ("raise", "zero"),
-           "lr_schedule": ("constant", "cosine", "linear"), "backend": ("auto", "torch"), "strategy": ("ddp", "fsdp"),
-           "algo": tuple(PRESETS), "loss": ("sigmoid", "ipo", "hinge"),
-           "dtype": ("auto", "float32", "bf16-mixed", "bfloat16", "float16")}
+CHOICES = {
+    "adv_estimator": ("group", "rloo", "batch", "group_batch"),
+    "std_correction": (0, 1),
+    "is_mode": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+    "loss_agg": ("token", "sequence", "constant"),
+    "ratio_level": ("token", "sequence"),
+    "overlong": ("none", "filter", "soft"),
+    "kl_estimator": ("k1", "k2", "k3"),
+    "kl_placement": ("loss", "reward"),
+    "reward_errors": ("raise", "zero"),
+    "lr_schedule": ("constant", "cosine", "linear"),
+    "backend": ("auto", "torch"),
+    "strategy": ("ddp", "fsdp"),
+    "algo": tuple(PRESETS),
+    "loss": ("sigmoid", "ipo", "hinge"),
+    "dtype": ("auto", "float32", "bf16-mixed", "bfloat16", "float16"),
+}
 # What each key allows, for every config that has it: a test of the value, and what to say when it fails.
+AT_LEAST_1, NOT_NEGATIVE, POSITIVE = (lambda v: v >= 1, ">= 1"), (lambda v: v >= 0, ">= 0"), (lambda v: v > 0, "> 0")
 RULES = {
-    **dict.fromkeys(("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "epochs", "micro_batch_size",
-                     "max_length", "batch_size", "eval_every", "eval_size", "k", "eval_k", "keep_last"),
-                    (lambda v: v >= 1, ">= 1")),
-    **dict.fromkeys(("max_bad_steps", "warmup_steps", "save_every", "top_k", "kl_coef", "weight_decay", "grad_clip",
-                     "rm_weight", "rule_weight", "value_clip", "target_kl", "entropy_coef", "dynamic_sampling",
-                     "lora_r"), (lambda v: v >= 0, ">= 0")),
-    **dict.fromkeys(("temperature", "lr", "critic_lr", "beta", "lora_alpha"), (lambda v: v > 0, "> 0")),
-    **dict.fromkeys(("gamma", "gae_lambda"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"), "is_cap": (lambda v: v > 1, "> 1"),
-    "clip_ratio_c": (lambda v: v == 0 or v > 1, "> 1, or 0 = off"), "clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "clip_high": (lambda v: v >= 0, ">= 0"), "device": (lambda v: re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", v),
-                                                       "auto, cpu, cuda, cuda:N, mps or xpu"),
+    **dict.fromkeys(
+        "steps prompts_per_step samples_per_prompt max_new_tokens epochs micro_batch_size".split(), AT_LEAST_1
+    ),
+    **dict.fromkeys("max_length batch_size eval_every eval_size k eval_k keep_last".split(), AT_LEAST_1),
+    **dict.fromkeys("max_bad_steps warmup_steps save_every top_k kl_coef weight_decay grad_clip".split(), NOT_NEGATIVE),
+    **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef".split(), NOT_NEGATIVE),
+    **dict.fromkeys("dynamic_sampling lora_r".split(), NOT_NEGATIVE),
+    **dict.fromkeys("temperature lr critic_lr beta lora_alpha".split(), POSITIVE),
+    **dict.fromkeys("gamma gae_lambda".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
+    "is_cap": (lambda v: v > 1, "> 1"),
+    "clip_ratio_c": (lambda v: v == 0 or v > 1, "> 1, or 0 = off"),
+    "clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "clip_high": NOT_NEGATIVE,
+    "device": (lambda v: re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", v), "auto, cpu, cuda, cuda:N, mps or xpu"),
     "out_dir": (lambda v: not Path(v).exists() or Path(v).is_dir(), "a folder (it is a file)"),
-    "lora_dropout": (lambda v: v == 0, "0: nanorl runs every model without dropout, so the rollout and the update "
-                                       "see the same function"),
+    "lora_dropout": (lambda v: v == 0, "0: every model runs without dropout, so rollout and update see one function"),
 }
 
 
@@ -301,8 +323,10 @@ def from_dict(cls, values: dict):
     if "algo" in hints:
         algo = str(values.get("algo", "grpo"))
         if algo == "ppo":
-            raise ConfigError("config key 'algo': PPO is its own command with its own config: `nanorl ppo` "
-                              "(nanorl.ppo.train(PPOConfig(...)) from Python)")
+            raise ConfigError(
+                "config key 'algo': PPO is its own command with its own config: `nanorl ppo` "
+                "(nanorl.ppo.train(PPOConfig(...)) from Python)"
+            )
         if algo not in PRESETS:
             raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
         values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
@@ -335,18 +359,24 @@ def validate(cfg) -> None:
         if cfg.minibatch_size and batch % cfg.minibatch_size:
             raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
         if cfg.samples_per_prompt < 2 and getattr(cfg, "adv_estimator", "batch") in ("group", "rloo", "group_batch"):
-            raise ConfigError(f"config key 'samples_per_prompt': a group-relative advantage ({cfg.adv_estimator}) "
-                              f"needs >= 2 samples per prompt (1 gives every sample advantage 0: nothing is learned)")
+            raise ConfigError(
+                f"config key 'samples_per_prompt': a group-relative advantage ({cfg.adv_estimator}) "
+                f"needs >= 2 samples per prompt (1 gives every sample advantage 0: nothing is learned)"
+            )
     if isinstance(cfg, GRPOConfig):
         changed = [k for k, v in PRESETS.get(cfg.algo, {}).items() if v != getattr(GRPOConfig, k)]
         if changed and all(getattr(cfg, k) == getattr(GRPOConfig, k) for k in changed):
-            raise ConfigError(f"config key 'algo': {cfg.algo!r} is a preset; build it with "
-                              f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)")
+            raise ConfigError(
+                f"config key 'algo': {cfg.algo!r} is a preset; build it with "
+                f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)"
+            )
         if cfg.kl_placement == "reward" and cfg.kl_coef == 0:
             raise ConfigError("config key 'kl_placement': 'reward' needs a 'kl_coef' > 0 (with 0 no KL is computed)")
         if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
-            raise ConfigError(f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
-                              f"got {cfg.overlong_buffer}")
+            raise ConfigError(
+                f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
+                f"got {cfg.overlong_buffer}"
+            )
 
 
 def preset(algo: str, **overrides) -> GRPOConfig:
@@ -373,16 +403,20 @@ def parse_args(cls, argv: list[str], prog: str | None = None):
         choices = f"; one of {'|'.join(map(str, CHOICES[f.name]))}" if f.name in CHOICES else ""
         # Values stay strings here; from_dict converts them so file and flags share one code path.
         flags = dict.fromkeys(["--" + f.name.replace("_", "-"), f"--{f.name}"])  # dashes or underscores
-        groups[home].add_argument(*flags, dest=f.name, default=argparse.SUPPRESS,
-                                  **({"nargs": "?", "const": "true"} if hints[f.name] is bool else {}),  # bare: true
-                                  metavar=hints[f.name].__name__.upper(),
-                                  help=f"{f.metadata['help']} (default: {f.default!r}{choices})".replace("%", "%%"))
+        groups[home].add_argument(
+            *flags,
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            **({"nargs": "?", "const": "true"} if hints[f.name] is bool else {}),  # bare: true
+            metavar=hints[f.name].__name__.upper(),
+            help=f"{f.metadata['help']} (default: {f.default!r}{choices})".replace("%", "%%"),
+        )
     args, unknown = parser.parse_known_args(argv)
     extra: dict = {}  # other flags (TRL's names, typos) go to from_dict, which renames them or says what to write
     for i, item in enumerate(unknown):
         if item.startswith("--"):
             key, eq, value = item[2:].partition("=")
-            extra[key] = value if eq else next((v for v in unknown[i + 1:i + 2] if not v.startswith("--")), "true")
+            extra[key] = value if eq else next((v for v in unknown[i + 1 : i + 2] if not v.startswith("--")), "true")
         elif i == 0 or not unknown[i - 1].startswith("--") or "=" in unknown[i - 1]:
             raise ConfigError(f"unexpected argument {item!r} (flags are --key value; see `{prog} --help`)")
     values: dict = {}

@@ -50,8 +50,8 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -59,17 +59,22 @@ def right_pad(rows: list, width: int, fill=0, dtype=torch.float) -> torch.Tensor
     """(B, width) with every row (a list or a 1-D tensor) left-aligned, the rest `fill`."""
     out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.as_tensor(r, dtype=dtype)
+        out[i, : len(r)] = torch.as_tensor(r, dtype=dtype)
     return out
 
 
 def chunks(items, size: int) -> list:
     """Consecutive slices of `items` of at most `size` (the last may be shorter): the micro-batches of a batch."""
-    return [items[s:s + size] for s in range(0, len(items), size)]
+    return [items[s : s + size] for s in range(0, len(items), size)]
 
 
-def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device,
-            per_token: dict[str, list[torch.Tensor]] | None = None) -> Batch:
+def collate(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    device,
+    per_token: dict[str, list[torch.Tensor]] | None = None,
+) -> Batch:
     """Pad a list of (prompt, completion) pairs into a Batch; identical prompts are stored once.
     Padding is trimmed: P and C are the longest prompt and completion in this micro-batch."""
     unique: dict[tuple, int] = {}
@@ -79,15 +84,18 @@ def collate(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
     completion_ids = right_pad(completions, C, pad_id, torch.long)  # (b, C)
     loss_mask = right_pad([[1.0] * len(c) for c in completions], C)  # (b, C)
     extra = {name: right_pad(rows, C).to(device) for name, rows in (per_token or {}).items()}
-    return Batch(prompt_ids, prompt_mask, prompt_index.to(device), completion_ids.to(device), loss_mask.to(device),
-                 extra)
+    return Batch(
+        prompt_ids, prompt_mask, prompt_index.to(device), completion_ids.to(device), loss_mask.to(device), extra
+    )
 
 
 def encode_reply(tok, prompt, reply: str, system_prompt: str, max_length: int) -> tuple[list[int], list[int], bool]:
     """(prompt ids, reply ids ending in EOS, whether the reply was cut to fit max_length tokens)."""
     p = render_prompt(tok, prompt, system_prompt)
     if len(p) >= max_length:
-        raise ValueError(f"config key 'max_length': a prompt of {len(p)} tokens leaves no room for a reply "
-                         f"(max_length {max_length}): {str(prompt)[:80]!r}")
+        raise ValueError(
+            f"config key 'max_length': a prompt of {len(p)} tokens leaves no room for a reply "
+            f"(max_length {max_length}): {str(prompt)[:80]!r}"
+        )
     r = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    return p, r[:max_length - len(p)], len(p) + len(r) > max_length
+    return p, r[: max_length - len(p)], len(p) + len(r) > max_length

@@ -77,15 +77,19 @@ def check(cfg) -> None:
     """What does not run in several processes yet, refused before any model is loaded."""
     if getattr(cfg, "strategy", "ddp") == "fsdp":
         if not initialized():  # under torchrun with one process it runs (a world of one: the GPU check)
-            raise ConfigError("config key 'strategy': fsdp shards the model over torchrun's processes; launch with "
-                              "`torchrun --nproc_per_node N -m nanorl.cli ...`, or use ddp")
+            raise ConfigError(
+                "config key 'strategy': fsdp shards the model over torchrun's processes; launch with "
+                "`torchrun --nproc_per_node N -m nanorl.cli ...`, or use ddp"
+            )
     if world_size() == 1:
         return
     if getattr(cfg, "dynamic_sampling", 0):
         raise ConfigError("config key 'dynamic_sampling': not yet under torchrun (run DAPO in one process)")
     if hasattr(cfg, "prompts_per_step") and cfg.prompts_per_step % world_size():  # equal shares of each step
-        raise ConfigError(f"config key 'prompts_per_step': {cfg.prompts_per_step} must be divisible by the "
-                          f"{world_size()} processes of torchrun")
+        raise ConfigError(
+            f"config key 'prompts_per_step': {cfg.prompts_per_step} must be divisible by the "
+            f"{world_size()} processes of torchrun"
+        )
 
 
 def share(n: int) -> slice:
@@ -164,7 +168,7 @@ def spread(model, parts: list, fn) -> list:
     share of them, -> every result, in order, on every rank (fn's results: CPU tensors or numbers). Under FSDP a
     rank with fewer parts repeats parts[0] (every rank runs as many forwards) and drops those results."""
     mine = parts[share(len(parts))]
-    return gather_objects([fn(part) for part, _ in even(model, mine, parts[0] if parts else None)][:len(mine)])
+    return gather_objects([fn(part) for part, _ in even(model, mine, parts[0] if parts else None)][: len(mine)])
 
 
 def finish() -> None:

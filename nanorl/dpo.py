@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from nanorl.config import DPOConfig
-from nanorl.errors import ConfigError
-from nanorl.data import chunks, collate
 from nanorl import distributed
-from nanorl.losses import dpo_loss
+from nanorl.config import DPOConfig
+from nanorl.data import chunks, collate
+from nanorl.errors import ConfigError
 from nanorl.logprobs import AUTO, sequence_logprobs
+from nanorl.losses import dpo_loss
 from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks import task_from_config
 from nanorl.tasks.preferences import encode_rows, read_pairs
@@ -30,13 +30,15 @@ from nanorl.tasks.preferences import encode_rows, read_pairs
 
 def pair_batch(rows, pad_id, device):
     """A Batch of 2b sequences: the b chosen replies, then the b rejected ones, on b shared prompts."""
-    return collate([r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows],
-                   pad_id, device)
+    return collate(
+        [r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows], pad_id, device
+    )
 
 
 @torch.no_grad()
 def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torch.Tensor:
     """(n, 2): summed log-probs of the chosen and the rejected reply of each row (torchrun: each rank its share)."""
+
     def part_logprobs(part):  # (b, 2)
         return sequence_logprobs(model, pair_batch(part, pad_id, device), backend=backend)[0].view(2, -1).T.cpu()
 
@@ -53,11 +55,20 @@ def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from P
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)
     # the reference log-probs: the starting model's, computed once and cached with each row. A resumed run's
     # weights are no longer the starting model's: it reads them back from its checkpoint, in the same row order
-    refs = (torch.load(Path(cfg.out_dir, "checkpoint", "trainer_state.pt"), weights_only=False, mmap=True)["ref"]
-            if cfg.resume else torch.cat([pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size, backend)
-                                          for rows in (train_rows, eval_rows)]))  # (n, 2) chosen, rejected
+    refs = (
+        torch.load(Path(cfg.out_dir, "checkpoint", "trainer_state.pt"), weights_only=False, mmap=True)["ref"]
+        if cfg.resume
+        else torch.cat(
+            [
+                pair_logprobs(policy, rows, pad, device, cfg.micro_batch_size, backend)
+                for rows in (train_rows, eval_rows)
+            ]
+        )
+    )  # (n, 2) chosen, rejected
     if len(refs) != len(train_rows) + len(eval_rows):  # rows encode in one order from the data and the seed
-        raise ConfigError(f"config key 'data': {len(train_rows) + len(eval_rows)} rows, the stopped run had {len(refs)}")
+        raise ConfigError(
+            f"config key 'data': {len(train_rows) + len(eval_rows)} rows, the stopped run had {len(refs)}"
+        )
     for r, ref in zip(train_rows + eval_rows, refs):
         r["ref"] = ref
     describe_rows(cfg, train_rows, eval_rows, "pairs")
@@ -72,12 +83,27 @@ def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from P
         logp = pair_logprobs(policy, eval_rows, pad, device, cfg.micro_batch_size, backend)  # (n, 2)
         ref = torch.stack([r["ref"] for r in eval_rows])
         loss, st = dpo_loss(logp[:, 0], logp[:, 1], ref[:, 0], ref[:, 1], cfg.beta, cfg.loss, cfg.label_smoothing)
-        return {"eval/loss": loss.mean().item(), "eval/reward_acc": st["acc"].mean().item(),
-                "eval/margin": st["margin"].mean().item(), "eval/chosen_reward": st["chosen_reward"].mean().item(),
-                "eval/rejected_reward": st["rejected_reward"].mean().item(),
-                # the model's own preference, meaningful before training too (implicit rewards start at 0)
-                "eval/logp_pref_acc": (logp[:, 0] > logp[:, 1]).float().mean().item()}
+        return {
+            "eval/loss": loss.mean().item(),
+            "eval/reward_acc": st["acc"].mean().item(),
+            "eval/margin": st["margin"].mean().item(),
+            "eval/chosen_reward": st["chosen_reward"].mean().item(),
+            "eval/rejected_reward": st["rejected_reward"].mean().item(),
+            # the model's own preference, meaningful before training too (implicit rewards start at 0)
+            "eval/logp_pref_acc": (logp[:, 0] > logp[:, 1]).float().mean().item(),
+        }
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, policy, tok, train_rows, micro_loss, run_eval, logger, "dpo", task=task, backend=backend,
-               state={"ref": refs})
+    return fit(
+        cfg,
+        policy,
+        tok,
+        train_rows,
+        micro_loss,
+        run_eval,
+        logger,
+        "dpo",
+        task=task,
+        backend=backend,
+        state={"ref": refs},
+    )

@@ -1,48 +1,57 @@
 """Held-out evaluation: greedy accuracy and pass@k of any model on a task's eval split.
 
-    nanorl eval --model runs/grpo/model --task arithmetic --k 8
+nanorl eval --model runs/grpo/model --task arithmetic --k 8
 """
 
 from __future__ import annotations
 
 import torch
 
-from nanorl.data import render_prompt
 from nanorl import distributed
+from nanorl.data import render_prompt
 from nanorl.sampling import SamplingParams
 from nanorl.seeds import derive_seed
 
 
-def evaluate(sampler, tok, task, max_new_tokens: int = 32, k: int = 1, temperature: float = 1.0,
-             system_prompt: str = "", batch_prompts: int = 64, seed: int = 1234, step: int = 0, steps: int = 0,
-             top_p: float = 1.0, top_k: int = 0):
-    """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)).
-    Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= task.acc_threshold (1 by default). With k > 1
+def evaluate(
+    sampler, tok, task, params: SamplingParams, k=1, system_prompt="", batch_prompts=64, seed=1234, step=0, steps=0
+):
+    """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)); `params`: the
+    completion cap, and how the pass@k samples are drawn (the greedy pass takes its cap alone).
+    Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= task.acc_threshold (1
+    by default). With k > 1
     also pass@k: fraction of prompts with at least one of k sampled completions correct (Chen et al. 2021,
     the unbiased estimator with n = k samples). The seed is the evaluation's own: every run and every
     model are scored on the same draws."""
     metrics, samples = {}, []
     mine = distributed.share(len(task.eval))  # under torchrun each rank scores a share; the lists are gathered
-    settings = [("greedy", 1, SamplingParams(max_new_tokens, temperature=0.0))]
-    if k > 1:
-        settings.append((f"pass@{k}", k, SamplingParams(max_new_tokens, temperature, top_p, top_k)))
+    settings = [("greedy", 1, SamplingParams(params.max_new_tokens, temperature=0.0))] + [(f"pass@{k}", k, params)] * (
+        k > 1
+    )
     with distributed.full_weights(getattr(sampler, "model", None)):  # FSDP: shares may take unequal batch counts
         for name, group_size, params in settings:
             correct, rewards, lengths = [], [], []
             for start in range(mine.start, mine.stop, batch_prompts):
-                chunk = task.eval[start:min(start + batch_prompts, mine.stop)]
+                chunk = task.eval[start : min(start + batch_prompts, mine.stop)]
                 ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
                 seeds = [derive_seed(seed, start + i, "prompt") for i in range(len(chunk))]
                 out = sampler.generate(ids, group_size, params, seeds)
                 texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
-                scores = task.score([chunk[i // group_size] for i in range(len(texts))], texts,
-                                    completion_ids=out.completion_ids, step=step, steps=steps)
+                scores = task.score(
+                    [chunk[i // group_size] for i in range(len(texts))],
+                    texts,
+                    completion_ids=out.completion_ids,
+                    step=step,
+                    steps=steps,
+                )
                 rewards += scores
                 correct += [r >= task.acc_threshold for r in scores]
                 lengths += [len(comp) for comp in out.completion_ids]
                 if name == "greedy":  # one completion per prompt
-                    samples += [{"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
-                                for ex, text, r in zip(chunk, texts, scores)]
+                    samples += [
+                        {"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
+                        for ex, text, r in zip(chunk, texts, scores)
+                    ]
             correct, rewards, lengths = map(distributed.gather_objects, (correct, rewards, lengths))
             per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, group_size)
             if name == "greedy":

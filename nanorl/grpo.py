@@ -89,19 +89,24 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         raise ConfigError(f"nanorl.grpo.train takes a GRPOConfig, got {type(cfg).__name__} (PPO: nanorl.ppo.train)")
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     cfg, device, backend, dtype, task, resuming = online.prepare(cfg, task, ckpt, model, reward_funcs)  # seeds, task
-    policy, tok, ref, rm = online.load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer)
+    policy, tok, ref, rm = online.load_models(
+        cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer
+    )
     pad_id, group_size = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
     online.check_context(cfg, policy, tok, task)
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
-    online.describe(cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device,
-                    backend, out)
+    online.describe(
+        cfg, cfg.algo, task, {"policy": policy, "reference": ref, "reward model": rm and rm[0]}, device, backend, out
+    )
     kl_in_reward = ref is not None and cfg.kl_placement == "reward"  # else the KL is a loss term (if any)
+    loss_ref = None if kl_in_reward else ref  # the reference of a KL loss term (None: no term)
     mb_size = cfg.minibatch_size or cfg.prompts_per_step * group_size
     opt_steps_per_batch = cfg.epochs * (cfg.prompts_per_step * group_size // mb_size)
     on_policy = opt_steps_per_batch == 1  # then old log-probs are the current ones, detached
-    opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
-                                cfg.steps * opt_steps_per_batch, cfg.lr_schedule)
+    opt, sched = make_optimizer(
+        policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.steps * opt_steps_per_batch, cfg.lr_schedule
+    )
     start = checkpoint.load_state(ckpt, opt, sched, policy)["step"] if resuming else 0
     logger.rewind(start)  # resumed: lines the stopped run wrote after its checkpoint are redone below
 
@@ -126,7 +131,7 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             keep = informative_groups(rewards, group_size)
             if len(keep) >= cfg.prompts_per_step or refills == cfg.dynamic_sampling:
                 if keep:  # a full batch, or the informative part of it when the refills ran out
-                    keep = keep[:cfg.prompts_per_step]
+                    keep = keep[: cfg.prompts_per_step]
                     examples = [examples[g] for g in keep]
                     roll, rewards = roll.groups(keep), rewards.view(-1, group_size)[keep].reshape(-1)
                     texts = [texts[g * group_size + j] for g in keep for j in range(group_size)]
@@ -151,8 +156,13 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             shaped = shaped - cfg.kl_coef * kl_seq
         lengths = torch.tensor([len(c) for c in roll.completion_ids])  # (N,) the token-level estimators weigh by them
         everyone = distributed.gather  # this rank's rows -> every rank's: the global batch (one process: the same)
-        adv = ESTIMATORS[cfg.adv_estimator](everyone(shaped), group_size, cfg.scale_adv_by_std,
-                                            lengths=everyone(lengths), std_correction=cfg.std_correction)  # (N_all,)
+        adv = ESTIMATORS[cfg.adv_estimator](
+            everyone(shaped),
+            group_size,
+            cfg.scale_adv_by_std,
+            lengths=everyone(lengths),
+            std_correction=cfg.std_correction,
+        )  # (N_all,)
         n_all, mine = len(adv), distributed.share(len(adv))  # the global batch's size; this rank's rows of it
         adv = adv[mine]  # (N,)
 
@@ -166,9 +176,9 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             perm = list(range(n_all)) if on_policy else torch.randperm(n_all, generator=shuffle).tolist()
             for part in chunks(perm, mb_size):
                 mb = [i - mine.start for i in part if mine.start <= i < mine.stop and trainable[i - mine.start]]
-                stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=on_policy, pad_id=pad_id, device=device,
-                                        backend=backend, ref=None if kl_in_reward else ref, loss_agg=cfg.loss_agg,
-                                        ratio_level=cfg.ratio_level, learner_old=learner_old)
+                stats = policy_backward(
+                    policy, roll, adv, mb, cfg, on_policy, pad_id, device, backend, loss_ref, learner_old
+                )
                 grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
                 merge_stats(sums, stats, grad_norm)
         sampler.sync_weights(policy)
@@ -177,14 +187,18 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         # -------------------------------------------------------------- log / eval / checkpoint
         first_rewards, rewards, shaped, kl_seq = map(everyone, (first_rewards, rewards, shaped, kl_seq))  # global
         metrics = {
-            **online.reward_metrics(first_rewards, {k: everyone(v) for k, v in parts.items()}, group_size,
-                                    task.acc_threshold),
-            "reward/trained_mean": rewards.mean().item(), "reward/shaped_mean": shaped.mean().item(),
-            "reward/kl_penalty": kl_seq.mean().item(), "rollout/refills": refills,
+            **online.reward_metrics(
+                first_rewards, {k: everyone(v) for k, v in parts.items()}, group_size, task.acc_threshold
+            ),
+            "reward/trained_mean": rewards.mean().item(),
+            "reward/shaped_mean": shaped.mean().item(),
+            "reward/kl_penalty": kl_seq.mean().item(),
+            "rollout/refills": refills,
             "rollout/groups": len(rewards) // group_size,
             "rollout/informative_groups": len(informative_groups(rewards, group_size)),
             **online.rollout_metrics(everyone(lengths), everyone(torch.tensor(roll.truncated))),
-            **update_metrics(sums, opt_steps_per_batch), "optim/lr": sched.get_last_lr()[0],
+            **update_metrics(sums, opt_steps_per_batch),
+            "optim/lr": sched.get_last_lr()[0],
             "reward/errors": distributed.reduce(timer.get("reward_errors", 0)),
             **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }

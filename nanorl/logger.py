@@ -123,9 +123,13 @@ class Callback(Logger):
 
 # The console line: (metric, label, format), the first of each row's keys that a step has.
 CONSOLE = (
-    (("reward/mean",), "reward", "{:.3f}"), (("reward/acc",), "acc", "{:.2f}"), (("train/loss",), "loss", "{:.4f}"),
-    (("train/acc",), "acc", "{:.2f}"), (("rollout/len_mean",), "len", "{:.0f}"),
-    (("loss/kl", "reward/kl_penalty"), "kl", "{:.4f}"), (("optim/skipped_updates",), "skipped", "{:d}"),
+    (("reward/mean",), "reward", "{:.3f}"),
+    (("reward/acc",), "acc", "{:.2f}"),
+    (("train/loss",), "loss", "{:.4f}"),
+    (("train/acc",), "acc", "{:.2f}"),
+    (("rollout/len_mean",), "len", "{:.0f}"),
+    (("loss/kl", "reward/kl_penalty"), "kl", "{:.4f}"),
+    (("optim/skipped_updates",), "skipped", "{:d}"),
     (("time/step",), "", "{:.1f} s"),
 )
 
@@ -162,21 +166,26 @@ def _recent(history: list[dict], key: str, n: int = 5, start: int = 0) -> list:
     """The last n values of `key` (from `start` steps back), only steps that trained on some tokens where the
     key describes the update."""
     rows = [m for m in history if key in m and (not key.startswith("policy/") or m.get("policy/trained_tokens", 1))]
-    rows = rows[:len(rows) - start] if start else rows
+    rows = rows[: len(rows) - start] if start else rows
     return [m[key] for m in rows[-n:]] if len(rows) >= n else []
 
 
 def no_signal(history: list[dict]) -> bool:
+    """most groups have equal rewards, so there is no learning signal: the task is too hard or too easy for this
+    model (try more samples_per_prompt, a partial reward, or SFT first)"""
     v = _recent(history, "reward/frac_groups_with_variance")
     return bool(v) and _mean(v) < 0.2
 
 
 def truncated(history: list[dict]) -> bool:
+    """most completions stop at max_new_tokens: rewards judge unfinished answers (raise max_new_tokens, or try
+    --overlong soft)"""
     v = _recent(history, "rollout/truncated_frac", n=10)
     return bool(v) and _mean(v) > 0.8
 
 
 def kl_rising(history: list[dict]) -> bool:
+    """the KL to the reference is rising fast: the policy is drifting (lower lr or raise kl_coef)"""
     for key in ("loss/kl", "reward/kl_penalty"):
         now, before = _recent(history, key), _recent(history, key, start=5)
         if now and before and _mean(now) > 0.1 and _mean(now) > 3 * _mean(before):
@@ -185,32 +194,26 @@ def kl_rising(history: list[dict]) -> bool:
 
 
 def mismatch(history: list[dict]) -> bool:
+    """the sampler's and the learner's log-probs disagree (policy/sampler_logp_diff): updates are off-policy
+    (try --is-mode token_truncate, or dtype float32)"""
     v = _recent(history, "policy/sampler_logp_diff")
     return bool(v) and _mean(v) > 0.05
 
 
 def entropy_collapse(history: list[dict]) -> bool:
+    """the policy's entropy has collapsed: it samples one answer, so groups stop differing (try a higher
+    temperature, entropy_coef, or clip_high 0.28)"""
     now, first = _recent(history, "policy/entropy"), [m["policy/entropy"] for m in history[:5] if "policy/entropy" in m]
     return bool(now) and bool(first) and _mean(now) < 0.03 and _mean(now) < 0.1 * _mean(first)
 
 
 def reward_errors(history: list[dict]) -> bool:
+    """a reward raised errors that were scored 0 (reward/errors; --reward-errors zero)"""
     return history[-1].get("reward/errors", 0) > 0
 
 
-# name -> (rule over the metrics so far, what to tell the user)
-RULES = {
-    "no_signal": (no_signal, "most groups have equal rewards, so there is no learning signal: the task is too hard "
-                             "or too easy for this model (try more samples_per_prompt, a partial reward, or SFT first)"),
-    "truncated": (truncated, "most completions stop at max_new_tokens: rewards judge unfinished answers (raise "
-                             "max_new_tokens, or try --overlong soft)"),
-    "kl_rising": (kl_rising, "the KL to the reference is rising fast: the policy is drifting (lower lr or raise kl_coef)"),
-    "mismatch": (mismatch, "the sampler's and the learner's log-probs disagree (policy/sampler_logp_diff): updates "
-                           "are off-policy (try --is-mode token_truncate, or dtype float32)"),
-    "entropy_collapse": (entropy_collapse, "the policy's entropy has collapsed: it samples one answer, so groups stop "
-                                           "differing (try a higher temperature, entropy_coef, or clip_high 0.28)"),
-    "reward_errors": (reward_errors, "a reward raised errors that were scored 0 (reward/errors; --reward-errors zero)"),
-}
+# Each rule reads the metrics so far; its docstring is what the user is told when it holds.
+RULES = {rule.__name__: rule for rule in (no_signal, truncated, kl_rising, mismatch, entropy_collapse, reward_errors)}
 
 
 class RunWarnings(Logger):
@@ -223,23 +226,23 @@ class RunWarnings(Logger):
 
     def log(self, metrics: dict, step: int) -> None:
         self.history.append(dict(metrics))
-        for name, (rule, message) in RULES.items():
+        for name, rule in RULES.items():
             if rule(self.history):
                 metrics[f"warn/{name}"] = 1
                 if name not in self.said:
                     self.said.add(name)
-                    tqdm.write(f"[nanorl] warning (step {step}): {message}")
+                    tqdm.write(f"[nanorl] warning (step {step}): {' '.join(rule.__doc__.split())}")
 
 
-def make_logger(out_dir: Path, report_to: str = "console", append: bool = False, total_steps: int | None = None,
-                config=None, callbacks=()):
+def make_logger(out_dir, report_to="console", append=False, total_steps=None, config=None, callbacks=()):
     """JSONL always, plus each of `report_to` (comma-separated: console, tensorboard, wandb; or none), on the main
     process only; the other processes get Loggers([]), which records nothing."""
     if not distributed.is_main():
         return Loggers([])
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]
-    others = [ConsoleLogger(total_steps) if n == "console" else tracker(n, Path(out_dir), config, append)
-              for n in chosen]
+    others = [
+        ConsoleLogger(total_steps) if n == "console" else tracker(n, Path(out_dir), config, append) for n in chosen
+    ]
     others += [c if isinstance(c, Logger) else Callback(c) for c in callbacks]  # a Logger sees evals and samples too
     return Loggers([RunWarnings(), JsonlLogger(out_dir, append), *others])  # warnings first: they add warn/* keys
 

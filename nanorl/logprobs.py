@@ -51,21 +51,28 @@ def token_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = 
         pmask, idx = batch.prompt_mask, batch.prompt_index
         ppos = (pmask.cumsum(-1) - 1).clamp(min=0)  # (k, P) left padding safe
         cache = DynamicCache()
-        out = model(input_ids=batch.prompt_ids, attention_mask=pmask, position_ids=ppos, use_cache=True,
-                    logits_to_keep=1, **{kw: cache})
+        out = model(
+            input_ids=batch.prompt_ids,
+            attention_mask=pmask,
+            position_ids=ppos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{kw: cache},
+        )
         first = out.logits[:, -1].index_select(0, idx)  # (b, V): predicts the first completion token
         select_cache_rows(cache, idx)  # (k, ...) -> (b, ...), differentiable
         C, target = batch.completion_ids.shape[1], batch.completion_ids  # (b, C)
         logp0, entropy0 = selected_logprobs(first, target[:, 0], temperature, with_entropy)  # (b,) each
         # the last completion token is never an input (nothing after it is scored); with C = 1 the pass still runs,
         # on that one token, unscored: under FSDP every rank must run the same forwards
-        inputs = target[:, :max(C - 1, 1)]  # (b, C - 1)
+        inputs = target[:, : max(C - 1, 1)]  # (b, C - 1)
         cpos = ppos[idx, -1:] + 1 + torch.arange(inputs.shape[1], device=idx.device)  # (b, C - 1)
         attn = torch.cat([pmask[idx], torch.ones_like(inputs)], dim=1)  # right pads sit after real tokens
         with backend.recompute(model, cache):  # grad_checkpointing: layers run again in the backward
             out = model(input_ids=inputs, attention_mask=attn, position_ids=cpos, use_cache=True, **{kw: cache})
-        logp, entropy = selected_logprobs(out.logits[:, :C - 1].flatten(0, 1), target[:, 1:].flatten(), temperature,
-                                          with_entropy)  # (b * (C - 1),) each
+        logp, entropy = selected_logprobs(
+            out.logits[:, : C - 1].flatten(0, 1), target[:, 1:].flatten(), temperature, with_entropy
+        )  # (b * (C - 1),) each
         logp = torch.cat([logp0[:, None], logp.view(len(target), C - 1)], 1)  # (b, C)
         return logp, torch.cat([entropy0[:, None], entropy.view(len(target), C - 1)], 1) if with_entropy else None
 
@@ -82,12 +89,12 @@ class _SelectedLogprobs(torch.autograd.Function):
         logp = torch.empty(len(target), device=logits.device)  # fp32 whatever the logits' dtype
         lse, entropy = torch.empty_like(logp), torch.zeros_like(logp)
         for s in range(0, len(target), chunk := max(1, 2**22 // logits.shape[-1])):  # 4M values a chunk
-            z = logits[s:s + chunk].float() / temperature  # (c, V)
-            lse[s:s + chunk] = torch.logsumexp(z, -1)
-            logp[s:s + chunk] = z.gather(-1, target[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+            z = logits[s : s + chunk].float() / temperature  # (c, V)
+            lse[s : s + chunk] = torch.logsumexp(z, -1)
+            logp[s : s + chunk] = z.gather(-1, target[s : s + chunk, None]).squeeze(-1) - lse[s : s + chunk]
             if with_entropy:  # H = -sum_v p_v log p_v
-                z -= lse[s:s + chunk, None]  # (c, V) log-softmax, in place
-                entropy[s:s + chunk] = -(z.exp() * z).sum(-1)
+                z -= lse[s : s + chunk, None]  # (c, V) log-softmax, in place
+                entropy[s : s + chunk] = -(z.exp() * z).sum(-1)
         ctx.save_for_backward(logits, target, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)  # an unused entropy (no entropy bonus) costs nothing in backward
@@ -100,17 +107,17 @@ class _SelectedLogprobs(torch.autograd.Function):
         logits, target, lse, entropy = ctx.saved_tensors
         grad, T, c = torch.empty_like(logits), ctx.temperature, ctx.chunk
         for s in range(0, len(target), c):
-            p = (logits[s:s + c].float() / T).sub_(lse[s:s + c, None])  # (c, V) log-softmax, in place
+            p = (logits[s : s + c].float() / T).sub_(lse[s : s + c, None])  # (c, V) log-softmax, in place
             if grad_entropy is not None:  # d H / dz = -p (log p + H) / T
-                g_h = (grad_entropy[s:s + c, None] / T) * p.exp() * (p + entropy[s:s + c, None])  # (c, V)
+                g_h = (grad_entropy[s : s + c, None] / T) * p.exp() * (p + entropy[s : s + c, None])  # (c, V)
             p.exp_()  # (c, V) softmax
             if grad_logp is None:
-                grad[s:s + c] = -g_h
+                grad[s : s + c] = -g_h
                 continue
-            g = grad_logp[s:s + c, None] / T  # (c, 1); d logp / dz = (onehot(target) - softmax(z / T)) / T
-            grad[s:s + c] = p.mul_(-g).scatter_add_(-1, target[s:s + c, None], g)
+            g = grad_logp[s : s + c, None] / T  # (c, 1); d logp / dz = (onehot(target) - softmax(z / T)) / T
+            grad[s : s + c] = p.mul_(-g).scatter_add_(-1, target[s : s + c, None], g)
             if grad_entropy is not None:
-                grad[s:s + c] -= g_h
+                grad[s : s + c] -= g_h
         return grad, None, None, None
 
 

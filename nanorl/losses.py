@@ -10,12 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 MAX_LOG_RATIO = 20.0  # exp(20) = 4.9e8: any log-ratio beyond it is clamped (as verl and OpenRLHF do)
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                clip_low: float, clip_high: float, ratio_level: str = "token", clip_ratio_c: float = 0.0):
+def policy_loss(logp, old_logp, adv, mask, clip_low: float, clip_high: float, ratio_level="token", clip_ratio_c=0.0):
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a per-token loss to minimise.
 
     loss_t = max(-A * r_t, -A * clip(r_t, 1 - clip_low, 1 + clip_high)),  r_t = exp(logp_t - old_logp_t).
@@ -47,8 +45,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     return loss, stats
 
 
-def mismatch_weights(learner_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str,
-                     cap: float):
+def mismatch_weights(learner_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, mode: str, cap: float):
     """Importance weights that correct for a sampler whose log-probs differ from the learner's (bf16 or
     another kernel or engine): rho = pi_learner_old / pi_sampler per token (token_*) or, as the product over
     the completion, per sequence (sequence_*). *_truncate: min(rho, cap), truncated importance sampling
@@ -67,8 +64,10 @@ def mismatch_weights(learner_logp: torch.Tensor, sampler_logp: torch.Tensor, mas
         cut = (rho > cap) | (rho < 1.0 / cap)
         weights = torch.where(cut, torch.zeros_like(rho), rho)
     else:
-        raise ValueError(f"config key 'is_mode': expected none|token_truncate|token_mask|sequence_truncate|"
-                         f"sequence_mask, got {mode!r}")
+        raise ValueError(
+            f"config key 'is_mode': expected none|token_truncate|token_mask|sequence_truncate|"
+            f"sequence_mask, got {mode!r}"
+        )
     return weights, {"is_ratio": rho, "is_cut": cut.float()}
 
 
@@ -107,8 +106,7 @@ def loss_weights(mask: torch.Tensor, mode: str, n_tokens: int, n_seqs: int, max_
     raise ValueError(f"config key 'loss_agg': expected token|sequence|constant, got {mode!r}")
 
 
-def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
-             beta: float, kind: str = "sigmoid", label_smoothing: float = 0.0):
+def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta: float, kind="sigmoid", label_smoothing=0.0):
     """Preference losses on sequence log-probs, all (B,) -> loss (B,) and stats.
 
     h = (log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l)), the implicit reward margin / beta.

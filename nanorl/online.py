@@ -23,13 +23,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from nanorl import checkpoint
-from nanorl import distributed
+from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.checkpoint import check_resume
 from nanorl.config import OnlineConfig, to_dict, validate
-from nanorl.errors import ConfigError
 from nanorl.data import chunks, encode_reply, render_prompt
+from nanorl.errors import ConfigError
 from nanorl.evaluate import evaluate
 from nanorl.learner import count_bad_steps
 from nanorl.logprobs import AUTO
@@ -41,6 +40,7 @@ from nanorl.tasks import Task, parse_reward_spec, task_from_config
 
 def prompt_order(n_train: int, seed: int, step: int, count: int) -> list[int]:
     """Indices of the training prompts for `step`: a seeded shuffle per pass over the split."""
+
     def order(epoch: int) -> list[int]:  # the shuffle of pass `epoch`
         return random.Random(derive_seed(seed, epoch, "data")).sample(range(n_train), n_train)
 
@@ -100,7 +100,9 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
     else:
         policy, tok = distributed.load(load_model, start_from, device, dtype, cfg)  # FSDP: the main process reads
     # the reference: a model given from Python (not an adapter), copied before it trains
-    start = copy.deepcopy(model) if model is not None and cfg.kl_coef > 0 and not hasattr(model, "peft_config") else None
+    start = (
+        copy.deepcopy(model) if model is not None and cfg.kl_coef > 0 and not hasattr(model, "peft_config") else None
+    )
     policy = distributed.shard(trainable(policy, cfg), cfg).eval()  # LoRA adapters when cfg.lora_r > 0; FSDP
     ref = rm = None
     if cfg.kl_coef > 0 and hasattr(policy, "peft_config") and not is_adapter(cfg.model) and start is None:
@@ -123,8 +125,10 @@ def check_context(cfg: OnlineConfig, policy, tok, task: Task) -> None:
     context = getattr(policy.config, "max_position_embeddings", None)
     longest = max(len(render_prompt(tok, ex.prompt, cfg.system_prompt)) for ex in task.train[:1000] + task.eval)
     if context and longest + cfg.max_new_tokens > context:
-        raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the "
-                         f"model's context of {context} tokens")
+        raise ValueError(
+            f"a prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the "
+            f"model's context of {context} tokens"
+        )
 
 
 def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, backend, out: Path) -> None:
@@ -133,13 +137,18 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
         return
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # the logger made the folder
     policy = models["policy"]
-    memory = ", ".join(f"{k} {sum(getattr(p, 'to_local', lambda: p)().nbytes for p in m.parameters()) / 2**30:.2f} GiB"
-                       for k, m in models.items() if m is not None)  # FSDP: the shards this process holds
+    memory = ", ".join(
+        f"{k} {sum(getattr(p, 'to_local', lambda p=p: p)().nbytes for p in m.parameters()) / 2**30:.2f} GiB"
+        for k, m in models.items()
+        if m is not None
+    )  # FSDP: the shards this process holds
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
-    print(f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts; model "
-          f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
-          f"{next(policy.parameters()).dtype}{f' with {backend.autocast} autocast' if backend.autocast else ''}; "
-          f"weights per process: {memory}")
+    print(
+        f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts; model "
+        f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
+        f"{next(policy.parameters()).dtype}{f' with {backend.autocast} autocast' if backend.autocast else ''}; "
+        f"weights per process: {memory}"
+    )
 
 
 # ---------------------------------------------------------------------------- rollout and reward
@@ -158,13 +167,17 @@ def rollout(sampler, tok, examples, cfg: OnlineConfig, seed: int, timer: dict):
     return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
 
 
-def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer: dict, device, backend: Backend = AUTO,
-           step: int = 0):
+def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer: dict, device, backend=AUTO, step=0):
     """Score each completion -> rewards (N,) and the reward's parts {name: (N,)} ("task" for a single rule, plus
     "rm" with a reward model); rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
     group_size, t = cfg.samples_per_prompt, time.perf_counter()
-    named, total, errors = task.score_parts([examples[i // group_size] for i in range(len(texts))], texts,
-                                            completion_ids=roll.completion_ids, step=step, steps=cfg.steps)
+    named, total, errors = task.score_parts(
+        [examples[i // group_size] for i in range(len(texts))],
+        texts,
+        completion_ids=roll.completion_ids,
+        step=step,
+        steps=cfg.steps,
+    )
     timer["reward_errors"] = timer.get("reward_errors", 0) + errors
     parts = {k: torch.tensor([float("nan") if x is None else x for x in v]) for k, v in named.items()}  # NaN: skipped
     # torchrun: every rank the same parts in one order (a flag a failed batch did not report on this rank is NaN)
@@ -184,10 +197,14 @@ def rm_score(model, rm_tok, examples, texts, cfg: OnlineConfig, device, backend:
     from nanorl.reward_model import rm_scores
 
     group_size, out = cfg.samples_per_prompt, []
-    rows = [encode_reply(rm_tok, examples[i // group_size].prompt, t, cfg.system_prompt, 4096)[:2] for i, t in enumerate(texts)]
+    rows = [
+        encode_reply(rm_tok, examples[i // group_size].prompt, t, cfg.system_prompt, 4096)[:2]
+        for i, t in enumerate(texts)
+    ]
     for part in chunks(rows, cfg.micro_batch_size):
-        out.append(rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device,
-                             backend).cpu())
+        out.append(
+            rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device, backend).cpu()
+        )
     return torch.cat(out)
 
 
@@ -198,29 +215,47 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
 
 
 def reward_metrics(rewards: torch.Tensor, parts: dict, group_size: int, threshold: float = 1.0) -> dict:
-    return {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(correction=0).item(),
-            "reward/acc": (next(iter(parts.values())) >= threshold).float().mean().item(),  # of the first rule part
-            "reward/frac_groups_with_variance": len(informative_groups(rewards, group_size)) / (len(rewards) // group_size),
-            **{f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()}}  # over the samples it scored
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std(correction=0).item(),
+        "reward/acc": (next(iter(parts.values())) >= threshold).float().mean().item(),  # of the first rule part
+        "reward/frac_groups_with_variance": len(informative_groups(rewards, group_size)) / (len(rewards) // group_size),
+        **{f"reward/{k}_mean": v.nanmean().item() for k, v in parts.items()},
+    }  # over the samples it scored
 
 
 def rollout_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict:
-    return {"rollout/len_mean": lengths.float().mean().item(), "rollout/len_max": lengths.max().item(),
-            "rollout/truncated_frac": truncated.float().mean().item()}
+    return {
+        "rollout/len_mean": lengths.float().mean().item(),
+        "rollout/len_max": lengths.max().item(),
+        "rollout/truncated_frac": truncated.float().mean().item(),
+    }
 
 
 def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: int, t_start: float) -> dict:
     """Seconds of the step's phases (rollout + reward from t0, update from t2 to t3) and its token rates."""
-    return {"time/rollout": timer["rollout"], "time/reward": timer["reward"], "time/update": t3 - t2,
-            "time/step": t3 - t0, "perf/rollout_tokens_per_s": timer["tokens"] / timer["rollout"],
-            "perf/update_tokens_per_s": trained_tokens / max(t3 - t2, 1e-9),
-            "time/elapsed": time.perf_counter() - t_start}
+    return {
+        "time/rollout": timer["rollout"],
+        "time/reward": timer["reward"],
+        "time/update": t3 - t2,
+        "time/step": t3 - t0,
+        "perf/rollout_tokens_per_s": timer["tokens"] / timer["rollout"],
+        "perf/update_tokens_per_s": trained_tokens / max(t3 - t2, 1e-9),
+        "time/elapsed": time.perf_counter() - t_start,
+    }
 
 
 def sample_records(examples, texts, rewards, roll, group_size: int) -> list[dict]:
     """A couple of the step's completions with their rewards, for samples.jsonl."""
-    return [{"prompt": examples[i // group_size].prompt, "completion": texts[i], "reward": rewards[i].item(),
-             "truncated": roll.truncated[i]} for i in range(0, len(texts), group_size * max(1, len(examples) // 2))]
+    return [
+        {
+            "prompt": examples[i // group_size].prompt,
+            "completion": texts[i],
+            "reward": rewards[i].item(),
+            "truncated": roll.truncated[i],
+        }
+        for i in range(0, len(texts), group_size * max(1, len(examples) // 2))
+    ]
 
 
 # ---------------------------------------------------------------------------- eval and finish
@@ -228,8 +263,9 @@ def sample_records(examples, texts, rewards, roll, group_size: int) -> list[dict
 
 def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int) -> dict:
     """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl."""
-    metrics, samples = evaluate(sampler, tok, task, cfg.max_new_tokens, cfg.eval_k, cfg.temperature, cfg.system_prompt,
-                                step=step, steps=cfg.steps, top_p=cfg.top_p, top_k=cfg.top_k)  # steps: TRL's trainer_state
+    metrics, samples = evaluate(
+        sampler, tok, task, sampling_params(cfg), cfg.eval_k, cfg.system_prompt, step=step, steps=cfg.steps
+    )  # steps: a TRL reward's trainer_state
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -238,8 +274,14 @@ def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, ste
 
 
 def progress(start: int, cfg: OnlineConfig, name: str):
-    return tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=name, dynamic_ncols=True,
-                disable=None if distributed.is_main() else True)
+    return tqdm(
+        range(start, cfg.steps),
+        initial=start,
+        total=cfg.steps,
+        desc=name,
+        dynamic_ncols=True,
+        disable=None if distributed.is_main() else True,
+    )
 
 
 def due(step: int, every: int, total: int, at_end: bool) -> bool:
@@ -248,8 +290,9 @@ def due(step: int, every: int, total: int, at_end: bool) -> bool:
     return (bool(every) and step % every == 0 and step < total) or (at_end and step == total)
 
 
-def end_of_step(done: int, metrics: dict, samples: list[dict], cfg: OnlineConfig, logger, evaluate, save,
-                last: dict, bad_steps: int) -> tuple[dict, int]:
+def end_of_step(
+    done: int, metrics: dict, samples: list[dict], cfg: OnlineConfig, logger, evaluate, save, last: dict, bad_steps: int
+) -> tuple[dict, int]:
     """The tail of every online step, after step `done` (1-based): a few samples to samples.jsonl, the held-out
     evaluation when due (`evaluate(done)`, its metrics joining the step's), the step's metrics line, the NaN guard
     (learner.count_bad_steps), and a checkpoint when due (`save(done)`). -> the latest evaluation, bad steps."""
@@ -267,6 +310,19 @@ def end_of_step(done: int, metrics: dict, samples: list[dict], cfg: OnlineConfig
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
     before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
-    return checkpoint.finish(out, policy, tok, cfg, load_model, logger, t_start, cfg.steps, first, last, lambda wall: (
-        f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
-        f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}"))
+    return checkpoint.finish(
+        out,
+        policy,
+        tok,
+        cfg,
+        load_model,
+        logger,
+        t_start,
+        cfg.steps,
+        first,
+        last,
+        lambda wall: (
+            f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
+            f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}"
+        ),
+    )

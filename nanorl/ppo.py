@@ -61,15 +61,23 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     critic, _ = distributed.load(load_reward_model, critic_from, device, dtype, cfg)
     critic = distributed.shard(trainable(critic, cfg, "SEQ_CLS"), cfg).eval()  # LoRA too when lora_r > 0; FSDP
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
-    online.describe(cfg, "ppo", task, {"policy": policy, "reference": ref, "reward model": rm and rm[0],
-                                       "critic": critic}, device, backend, out)
+    online.describe(
+        cfg,
+        "ppo",
+        task,
+        {"policy": policy, "reference": ref, "reward model": rm and rm[0], "critic": critic},
+        device,
+        backend,
+        out,
+    )
     batch = cfg.prompts_per_step * group_size
     mb_size = cfg.minibatch_size or batch
     opt_steps_per_batch = cfg.epochs * (batch // mb_size)
     total = cfg.steps * opt_steps_per_batch
     opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
-    critic_opt, critic_sched = make_optimizer(critic, cfg.critic_lr, cfg.weight_decay, cfg.warmup_steps, total,
-                                              cfg.lr_schedule)
+    critic_opt, critic_sched = make_optimizer(
+        critic, cfg.critic_lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule
+    )
     start = 0
     if resuming:
         state = checkpoint.load_state(ckpt, opt, sched, policy)
@@ -82,8 +90,18 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         return online.run_eval(sampler, tok, task, cfg, logger, out, at)
 
     def save(done: int) -> None:  # policy and critic in one checkpoint, written in one rename
-        checkpoint.save(ckpt, policy, tok, opt, sched, done, {"critic_scheduler": critic_sched.state_dict()},
-                        {"critic": critic}, cfg.keep_last, {"critic_optimizer": (critic, critic_opt)})
+        checkpoint.save(
+            ckpt,
+            policy,
+            tok,
+            opt,
+            sched,
+            done,
+            {"critic_scheduler": critic_sched.state_dict()},
+            {"critic": critic},
+            cfg.keep_last,
+            {"critic_optimizer": (critic, critic_opt)},
+        )
 
     first, last = checkpoint.first_eval(resuming, out, evaluate, start, cfg.steps)
     bad_steps = 0  # steps in a row whose updates were skipped for a non-finite gradient
@@ -100,8 +118,9 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         n, C = len(roll.completion_ids), distributed.reduce(max(len(c) for c in roll.completion_ids), "max")
         mask = right_pad([torch.ones(len(c)) for c in roll.completion_ids], C)  # (n, C) this rank's rows
         sampler_logp = right_pad(roll.logprobs, C)  # (n, C) the rollout policy's log-probs
-        ref_logp = (right_pad(learner_logprobs(ref, roll, cfg, pad_id, device, backend), C) if ref is not None
-                    else sampler_logp)  # (n, C) the reference's log-probs; without one the sampler's: a KL of 0
+        ref_logp = (
+            right_pad(learner_logprobs(ref, roll, cfg, pad_id, device, backend), C) if ref is not None else sampler_logp
+        )  # (n, C) the reference's log-probs; without one the sampler's: a KL of 0
         kl = kl_penalty(sampler_logp, ref_logp, cfg.kl_estimator) * mask  # (n, C), 0 without a reference
         token_rewards = -cfg.kl_coef * kl
         last_token = mask.sum(-1).long() - 1  # (n,) index of each completion's last token
@@ -111,9 +130,15 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         old_values = torch.zeros(n, C)
         with torch.no_grad():
             for idx in chunks(list(range(n)), cfg.micro_batch_size):
-                v = token_values(critic, [roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx],
-                                 pad_id, device, backend)  # (b, c)
-                old_values[idx, :v.shape[1]] = v.cpu()
+                v = token_values(
+                    critic,
+                    [roll.prompt_ids[i] for i in idx],
+                    [roll.completion_ids[i] for i in idx],
+                    pad_id,
+                    device,
+                    backend,
+                )  # (b, c)
+                old_values[idx, : v.shape[1]] = v.cpu()
         adv_raw, returns = gae(token_rewards, old_values, mask, cfg.gamma, cfg.gae_lambda)  # (n, C) row by row
         adv = whiten(everyone(adv_raw), everyone(mask))[mine]  # whitened over the global batch's tokens
 
@@ -121,13 +146,23 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
         sums, vsums = {}, {"loss": 0.0, "clipped": 0.0}
         learner_old = learner_logprobs(policy, roll, cfg, pad_id, device, backend) if cfg.is_mode != "none" else None
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, step, "shuffle"))
-        for epochs_run in range(1, cfg.epochs + 1):  # after the loop: the epochs run (target_kl may stop early)
+        for epochs_run in range(1, cfg.epochs + 1):  # noqa: B007 (after the loop: the epochs run; target_kl stops)
             perm = torch.randperm(batch, generator=shuffle).tolist()
             kl_sum, kl_tokens = 0.0, 0
             for part in chunks(perm, mb_size):  # minibatches of the global batch; each rank trains the rows it holds
                 mb = [i - mine.start for i in part if mine.start <= i < mine.stop]
-                stats = policy_backward(policy, roll, adv, mb, cfg, on_policy=False, pad_id=pad_id, device=device,
-                                        backend=backend, learner_old=learner_old)
+                stats = policy_backward(
+                    policy,
+                    roll,
+                    adv,
+                    mb,
+                    cfg,
+                    on_policy=False,
+                    pad_id=pad_id,
+                    device=device,
+                    backend=backend,
+                    learner_old=learner_old,
+                )
                 grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
                 merge_stats(sums, stats, grad_norm)
                 kl_sum, kl_tokens = kl_sum + stats["approx_kl"], kl_tokens + stats["tokens"]
@@ -140,19 +175,27 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
 
         # -------------------------------------------------------------- log / eval / checkpoint
         n_mb, vsums = epochs_run * (batch // mb_size), {k: distributed.reduce(v) for k, v in vsums.items()}
-        rewards, kl, old_values, returns, adv_raw, mask = map(everyone, (rewards, kl, old_values, returns, adv_raw, mask))
+        rewards, kl, old_values, returns, adv_raw, mask = map(
+            everyone, (rewards, kl, old_values, returns, adv_raw, mask)
+        )
         m = mask.bool()
         metrics = {
-            **online.reward_metrics(rewards, {k: everyone(v) for k, v in parts.items()}, group_size,
-                                    task.acc_threshold),
-            "reward/kl_penalty": kl.sum(-1).mean().item(), "optim/lr": sched.get_last_lr()[0],
+            **online.reward_metrics(
+                rewards, {k: everyone(v) for k, v in parts.items()}, group_size, task.acc_threshold
+            ),
+            "reward/kl_penalty": kl.sum(-1).mean().item(),
+            "optim/lr": sched.get_last_lr()[0],
             **online.rollout_metrics(mask.sum(-1).long(), everyone(torch.tensor(roll.truncated))),
             **update_metrics(sums, n_mb),
-            "value/loss": vsums["loss"] / n_mb, "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
+            "value/loss": vsums["loss"] / n_mb,
+            "value/clip_frac": vsums["clipped"] / (epochs_run * m.sum().item()),
             "value/explained_variance": explained_variance(old_values, returns, mask),
-            "value/mean": old_values[m].mean().item(), "returns/mean": returns[m].mean().item(),
-            "adv/mean": adv_raw[m].mean().item(), "adv/std": adv_raw[m].std(correction=0).item(),
-            "ppo/epochs_run": epochs_run, **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
+            "value/mean": old_values[m].mean().item(),
+            "returns/mean": returns[m].mean().item(),
+            "adv/mean": adv_raw[m].mean().item(),
+            "adv/std": adv_raw[m].std(correction=0).item(),
+            "ppo/epochs_run": epochs_run,
+            **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }
         samples = online.sample_records(examples, texts, rewards, roll, group_size)
         last, bad_steps = online.end_of_step(step + 1, metrics, samples, cfg, logger, evaluate, save, last, bad_steps)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanorl.config import RMConfig
-from nanorl.backends import Backend
-from nanorl.data import chunks, left_pad
 from nanorl import distributed
+from nanorl.backends import Backend
+from nanorl.config import RMConfig
+from nanorl.data import chunks, left_pad
 from nanorl.hub import is_sequence_classifier
 from nanorl.logprobs import AUTO
 from nanorl.models import check_tokenizer, is_adapter, load_model
@@ -41,8 +41,10 @@ def load_reward_model(name: str, device, dtype=torch.float32):
         model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device)
         tok = check_tokenizer(AutoTokenizer.from_pretrained(name), name)  # a pad token: the EOS one if none
         if not hasattr(model, "score"):
-            raise ValueError(f"reward model {name}: expected a decoder-style classifier with a `score` head "
-                             f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}")
+            raise ValueError(
+                f"reward model {name}: expected a decoder-style classifier with a `score` head "
+                f"(e.g. LlamaForSequenceClassification), got {type(model).__name__}"
+            )
         return model, tok
     lm, tok = load_model(name, device, dtype)
     if hasattr(lm, "peft_config"):  # a causal LM's adapter folder: its weights with the adapter folded in
@@ -64,8 +66,11 @@ def _hidden(model, prompts, replies, pad_id, device, backend: Backend = AUTO):
     ids, mask = left_pad([p + r for p, r in zip(prompts, replies)], pad_id, device)  # (b, L)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with backend.forward(model), backend.recompute(model):  # peft's adapters sit inside the backbone it wraps
-        h = _inner(model).base_model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                     use_cache=False).last_hidden_state  # (b, L, H); no KV cache: nothing decodes
+        h = (
+            _inner(model)
+            .base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+            .last_hidden_state
+        )  # (b, L, H); no KV cache: nothing decodes
     return h.float(), [len(r) for r in replies]
 
 
@@ -87,7 +92,7 @@ def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUT
     L, C = v.shape[1], max(max(lengths), 1)
     out = torch.zeros(len(lengths), C, device=v.device, dtype=v.dtype)
     for i, n in enumerate(lengths):  # the reply occupies the last n positions; t is predicted from t - 1
-        out[i, :n] = v[i, L - n - 1:L - 1]
+        out[i, :n] = v[i, L - n - 1 : L - 1]
     return out
 
 
@@ -101,9 +106,15 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
     describe_rows(cfg, train_rows, eval_rows, "pairs")
 
     def margins(rows):  # (b,) reward of the chosen reply minus that of the rejected one
-        r = rm_scores(model, [x["prompt"] for x in rows] * 2, [x["chosen"] for x in rows] +
-                      [x["rejected"] for x in rows], pad, device, backend)
-        return r[:len(rows)] - r[len(rows):]
+        r = rm_scores(
+            model,
+            [x["prompt"] for x in rows] * 2,
+            [x["chosen"] for x in rows] + [x["rejected"] for x in rows],
+            pad,
+            device,
+            backend,
+        )
+        return r[: len(rows)] - r[len(rows) :]
 
     def micro_loss(rows):
         margin = margins(rows)
@@ -111,10 +122,18 @@ def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Py
 
     @torch.no_grad()
     def run_eval() -> dict:
-        margin = torch.cat(distributed.spread(model, chunks(eval_rows, cfg.micro_batch_size),  # a share per rank
-                                              lambda part: margins(part).cpu()))
-        return {"eval/loss": -F.logsigmoid(margin).mean().item(), "eval/pref_acc": (margin > 0).float().mean().item(),
-                "eval/margin": margin.mean().item()}
+        margin = torch.cat(
+            distributed.spread(
+                model,
+                chunks(eval_rows, cfg.micro_batch_size),  # a share per rank
+                lambda part: margins(part).cpu(),
+            )
+        )
+        return {
+            "eval/loss": -F.logsigmoid(margin).mean().item(),
+            "eval/pref_acc": (margin > 0).float().mean().item(),
+            "eval/margin": margin.mean().item(),
+        }
 
     # ------------------------------------------------------------------ the loop (offline.fit)
     return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "rm", load=load_reward_model)

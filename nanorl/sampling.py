@@ -6,7 +6,8 @@
 Why not `model.generate`? Four reasons. (1) A group of group_size samples of one prompt shares its prompt, so
 we prefill each prompt once and its KV cache serves all group_size samples. (2) Finished rows are dropped from
 the batch, so late steps cost only what is still running. (3) On CPU, Llama-family models decode with
-backends/decode.py's step (the backend decides, backends/__init__.py) (C++ kernels for attention and the small ops), 1.3-1.4x the tokens/s of their
+backends/decode.py's step (the backend decides, backends/__init__.py) (C++ kernels for attention and the small
+ops), 1.3-1.4x the tokens/s of their
 transformers forward (benchmarks/decode.py); other models run their own (`ModelStep`). (4) Only the
 settings given here shape the distribution: generation-config defaults shipped with a model (top-k,
 repetition penalty, ...) are never applied behind the caller's back.
@@ -23,9 +24,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from nanorl import distributed
 from nanorl.backends import Backend
 from nanorl.data import left_pad
-from nanorl import distributed
 from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
 from nanorl.seeds import derive_seed
 
@@ -51,12 +52,19 @@ class Rollouts:
     def groups(self, idx: list[int]) -> "Rollouts":
         """The rollouts of groups `idx` (in that order)."""
         rows = [g * self.group_size + j for g in idx for j in range(self.group_size)]
-        return Rollouts(*([getattr(self, f)[i] for i in rows] for f in
-                          ("prompt_ids", "completion_ids", "logprobs", "truncated")), group_size=self.group_size)
+        return Rollouts(
+            *([getattr(self, f)[i] for i in rows] for f in ("prompt_ids", "completion_ids", "logprobs", "truncated")),
+            group_size=self.group_size,
+        )
 
     def __add__(self, other: "Rollouts") -> "Rollouts":
-        return Rollouts(self.prompt_ids + other.prompt_ids, self.completion_ids + other.completion_ids,
-                        self.logprobs + other.logprobs, self.truncated + other.truncated, self.group_size)
+        return Rollouts(
+            self.prompt_ids + other.prompt_ids,
+            self.completion_ids + other.completion_ids,
+            self.logprobs + other.logprobs,
+            self.truncated + other.truncated,
+            self.group_size,
+        )
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None):
@@ -109,7 +117,9 @@ class Sampler(Protocol):
     """What the loops call for rollouts and evaluation. Another engine (an inference server, vLLM) plugs in by
     implementing these two methods; the loops do not change."""
 
-    def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
+    def generate(
+        self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]
+    ) -> Rollouts:
         """group_size completions of each prompt (token ids), with the policy's log-prob of every sampled token. `seed`:
         one per prompt (a prompt's draws then do not depend on the batch it is in: data parallel ranks sample
         what one process would), or an int s meaning derive_seed(s, i, "prompt") for prompt i."""
@@ -124,12 +134,16 @@ class LocalSampler:
     def __init__(self, model, stop_ids: list[int], pad_id: int, backend: Backend = AUTO):
         self.model, self.stop_ids, self.pad_id, self.backend = model, stop_ids, pad_id, backend
 
-    def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]) -> Rollouts:
+    def generate(
+        self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]
+    ) -> Rollouts:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, whatever mode the caller keeps the model in
         try:  # FSDP: on the gathered weights (ranks stop decoding at different steps)
             with distributed.full_weights(self.model):
-                return generate(self.model, prompts, group_size, params, self.stop_ids, seed, self.pad_id, backend=self.backend)
+                return generate(
+                    self.model, prompts, group_size, params, self.stop_ids, seed, self.pad_id, backend=self.backend
+                )
         finally:
             self.model.train(was_training)
 
@@ -144,7 +158,9 @@ class ModelStep:
     def __init__(self, model, cache, mask, group_size):
         self.model, self.cache, self.kw = model, cache, cache_kwarg(model)
         self.rows = torch.arange(len(mask) * group_size, device=mask.device)
-        select_cache_rows(cache, self.rows // group_size)  # (P, ...) -> (P * group_size, ...): each prompt's cache once per sample
+        select_cache_rows(
+            cache, self.rows // group_size
+        )  # (P, ...) -> (P * group_size, ...): each prompt's cache once per sample
         self.mask = mask.repeat_interleave(group_size, 0)  # (N, Lp)
 
     def __call__(self, tokens, rows, positions, t):
@@ -153,14 +169,28 @@ class ModelStep:
             select_cache_rows(self.cache, keep)
             self.rows, self.mask = rows, self.mask[keep]
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(rows), 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None],
-                         use_cache=True, **{self.kw: self.cache})
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=positions[:, None],
+            use_cache=True,
+            **{self.kw: self.cache},
+        )
         return out.logits[:, -1]  # (A, V)
 
 
 @torch.no_grad()
-def generate(model, prompts: list[list[int]], group_size: int, params: SamplingParams, stop_ids: list[int],
-             seed: int | list[int], pad_id: int = 0, lean: bool = True, backend: Backend = AUTO) -> Rollouts:
+def generate(
+    model,
+    prompts: list[list[int]],
+    group_size: int,
+    params: SamplingParams,
+    stop_ids: list[int],
+    seed,
+    pad_id=0,
+    lean=True,
+    backend: Backend = AUTO,
+) -> Rollouts:
     """Sample group_size completions for each prompt; deterministic for a given seed (one per prompt, or an int for all:
     Sampler.generate), model and device. `lean=False` decodes with the model's own forward even where
     backends/decode.py's faster step applies."""
@@ -169,20 +199,37 @@ def generate(model, prompts: list[list[int]], group_size: int, params: SamplingP
     with backend.forward(model, pack_weights=True) as packed:
         device = next(model.parameters()).device
         seeds = seed if isinstance(seed, list) else [derive_seed(seed, i, "prompt") for i in range(len(prompts))]
-        noise = None if params.temperature == 0 else torch.cat(  # (N, T) each prompt's uniforms, from its own seed
-            [torch.rand(group_size, params.max_new_tokens, generator=torch.Generator().manual_seed(s)) for s in seeds]).to(device)
+        noise = (
+            None
+            if params.temperature == 0
+            else torch.cat(  # (N, T) each prompt's uniforms, from its own seed
+                [
+                    torch.rand(group_size, params.max_new_tokens, generator=torch.Generator().manual_seed(s))
+                    for s in seeds
+                ]
+            ).to(device)
+        )
         stops = torch.tensor(stop_ids, device=device)
 
         # --- prefill: each distinct prompt once; its cache serves the group_size samples of its group
         ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                    **{cache_kwarg(model): cache})
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kwarg(model): cache},
+        )
         logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (N, V)
         next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (N,)
-        step = (lean and backend.decoder(model, packed, cache, mask, group_size, params.max_new_tokens)
-                or ModelStep(model, cache, mask, group_size))  # backends/decode.py's step where it applies, else the model's
+        step = (
+            lean
+            and backend.decoder(model, packed, cache, mask, group_size, params.max_new_tokens)
+            or ModelStep(model, cache, mask, group_size)
+        )  # backends/decode.py's step where it applies, else the model's
 
         N = len(prompts) * group_size
         alive = torch.arange(N, device=device)  # rows of the full batch still generating
@@ -194,9 +241,9 @@ def generate(model, prompts: list[list[int]], group_size: int, params: SamplingP
         for t in range(params.max_new_tokens):
             token, lp = sample_token(logits, params, None if noise is None else noise[alive, t][:, None])  # (A,), (A,)
             done = torch.isin(token, stops)
-            for row, tk, l, d in zip(alive.tolist(), token.tolist(), lp.tolist(), done.tolist()):
+            for row, tk, logp, d in zip(alive.tolist(), token.tolist(), lp.tolist(), done.tolist()):
                 tokens[row].append(tk)
-                logps[row].append(l)
+                logps[row].append(logp)
                 truncated[row] = not d  # a row that samples a stop token is done: it leaves the batch below
             if t == params.max_new_tokens - 1:
                 break
@@ -208,5 +255,10 @@ def generate(model, prompts: list[list[int]], group_size: int, params: SamplingP
             logits = step(token, alive, next_pos, t)  # (A, V)
             next_pos = next_pos + 1
 
-        return Rollouts(prompt_ids=[list(p) for p in prompts for _ in range(group_size)], completion_ids=tokens,
-                        logprobs=[torch.tensor(x) for x in logps], truncated=truncated, group_size=group_size)
+        return Rollouts(
+            prompt_ids=[list(p) for p in prompts for _ in range(group_size)],
+            completion_ids=tokens,
+            logprobs=[torch.tensor(x) for x in logps],
+            truncated=truncated,
+            group_size=group_size,
+        )

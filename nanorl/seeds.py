@@ -8,11 +8,11 @@ A second round within a step (DAPO's refills) adds round * 7,777,777, beyond any
 from __future__ import annotations
 
 STREAMS = {
-    "data": 100_003,      # the order of the training prompts, per pass over them (step = the pass)
+    "data": 100_003,  # the order of the training prompts, per pass over them (step = the pass)
     "rollout": 1_000_003,  # the sampler's draws at each step
-    "shuffle": 7_919,     # the order of rows in the minibatches of an off-policy update
-    "refill": 9_973,      # which prompts DAPO's dynamic sampling draws to refill a step
-    "offline": 31,        # the order of rows in each epoch of DPO, SFT and reward-model training
+    "shuffle": 7_919,  # the order of rows in the minibatches of an off-policy update
+    "refill": 9_973,  # which prompts DAPO's dynamic sampling draws to refill a step
+    "offline": 31,  # the order of rows in each epoch of DPO, SFT and reward-model training
     "prompt": 1_000_000_007,  # one prompt's draws in a rollout (step = the prompt's index in the batch)
 }
 

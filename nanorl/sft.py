@@ -1,7 +1,7 @@
 """SFT: supervised fine-tuning on prompt/reply pairs, the warm-up many small models need before RL.
 
     nanorl sft                                   # SmolLM2-135M-Instruct on the shipped set's chosen replies
-    nanorl sft --data rows.jsonl                 # {prompt, completion}, {messages} or {text} rows (any format datasets reads)
+    nanorl sft --data rows.jsonl                 # {prompt, completion}, {messages} or {text} rows (any format)
     nanorl sft --model tiny --epochs 1           # smoke run
 
 The loss is the mean negative log-likelihood of the reply tokens (EOS included), over all reply
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from nanorl import distributed
 from nanorl.config import SFTConfig
 from nanorl.data import chunks, collate
-from nanorl import distributed
 from nanorl.logprobs import AUTO, token_logprobs
 from nanorl.offline import describe_rows, fit, setup
 from nanorl.tasks import task_from_config
@@ -25,8 +25,13 @@ from nanorl.tasks.preferences import encode_sft, read_pairs
 
 def reply_nll(model, rows, pad_id, device, backend=AUTO):
     """Summed negative log-likelihood of the trained tokens of `rows` (weight 1), and their count."""
-    b = collate([r["prompt"] for r in rows], [r["chosen"] for r in rows], pad_id, device,
-                per_token={"weight": [torch.tensor(r.get("weight", [1.0] * len(r["chosen"]))) for r in rows]})
+    b = collate(
+        [r["prompt"] for r in rows],
+        [r["chosen"] for r in rows],
+        pad_id,
+        device,
+        per_token={"weight": [torch.tensor(r.get("weight", [1.0] * len(r["chosen"]))) for r in rows]},
+    )
     logp, _ = token_logprobs(model, b, backend=backend)  # (b, C)
     w = b.loss_mask * b.extra["weight"]  # (b, C)
     return -(logp * w).sum(), int(w.sum())
@@ -56,5 +61,16 @@ def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from P
         return {"eval/nll_per_token": sum(n for n, _ in parts) / sum(c for _, c in parts)}
 
     # ------------------------------------------------------------------ the loop (offline.fit)
-    return fit(cfg, model, tok, train_rows, micro_loss, run_eval, logger, "sft",
-               normaliser=lambda batch: sum(sum(r["weight"]) for r in batch), task=task, backend=backend)
+    return fit(
+        cfg,
+        model,
+        tok,
+        train_rows,
+        micro_loss,
+        run_eval,
+        logger,
+        "sft",
+        normaliser=lambda batch: sum(sum(r["weight"]) for r in batch),
+        task=task,
+        backend=backend,
+    )

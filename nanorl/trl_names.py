@@ -14,12 +14,24 @@ from nanorl.errors import ConfigError
 
 # TRL name -> nanorl key, or (nanorl key, {TRL value: nanorl value}) where the values are spelled differently.
 SAME = {
-    "num_generations": "samples_per_prompt", "max_completion_length": "max_new_tokens", "beta": "kl_coef",
-    "epsilon": "clip_low", "epsilon_high": "clip_high", "learning_rate": "lr", "model_name_or_path": "model",
-    "output_dir": "out_dir", "max_steps": "steps", "num_iterations": "epochs",
-    "max_grad_norm": "grad_clip", "lr_scheduler_type": "lr_schedule", "save_steps": "save_every",
-    "eval_steps": "eval_every", "lora_target_modules": "lora_target", "reward_funcs": "reward",
-    "importance_sampling_level": "ratio_level", "dataset_name": "data",
+    "num_generations": "samples_per_prompt",
+    "max_completion_length": "max_new_tokens",
+    "beta": "kl_coef",
+    "epsilon": "clip_low",
+    "epsilon_high": "clip_high",
+    "learning_rate": "lr",
+    "model_name_or_path": "model",
+    "output_dir": "out_dir",
+    "max_steps": "steps",
+    "num_iterations": "epochs",
+    "max_grad_norm": "grad_clip",
+    "lr_scheduler_type": "lr_schedule",
+    "save_steps": "save_every",
+    "eval_steps": "eval_every",
+    "lora_target_modules": "lora_target",
+    "reward_funcs": "reward",
+    "importance_sampling_level": "ratio_level",
+    "dataset_name": "data",
     "gradient_checkpointing": "grad_checkpointing",
     "loss_type": ("loss_agg", {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}),
     "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False}),
@@ -29,17 +41,17 @@ SAME = {
 # TRL names whose meaning differs here: what to write instead.
 DIFFERENT = {
     "scale_rewards": "TRL's scale_rewards is nanorl's scale_adv_by_std (group/true, none/false); 'batch' (group "
-                     "mean, batch std) has no exact equivalent: the nearest is --adv-estimator group_batch "
-                     "(REINFORCE++-baseline: group mean, then whitened over the batch's tokens)",
+    "mean, batch std) has no exact equivalent: the nearest is --adv-estimator group_batch "
+    "(REINFORCE++-baseline: group mean, then whitened over the batch's tokens)",
     "num_train_epochs": "online, a nanorl step is one rollout batch of prompts_per_step prompts: set `steps` (TRL's "
-                        "num_iterations, passes over each batch, is nanorl's `epochs`)",
+    "num_iterations, passes over each batch, is nanorl's `epochs`)",
     "dataset_text_field": "nanorl's SFT reads a `text` column (or prompt/completion, or messages)",
     "loss_type": "TRL's GRPO loss_type is nanorl's loss_agg (grpo = sequence, dapo/bnpo = token, dr_grpo = constant); "
-                 "`--algo dapo` also turns on dynamic sampling, overlong shaping and clip-higher",
+    "`--algo dapo` also turns on dynamic sampling, overlong shaping and clip-higher",
     "per_device_train_batch_size": "a step is batch_size rows (prompts_per_step x samples_per_prompt completions "
-                                   "online); micro_batch_size is how many go through one forward/backward",
+    "online); micro_batch_size is how many go through one forward/backward",
     "gradient_accumulation_steps": "the loss is normalised over the whole step's batch, so micro_batch_size "
-                                   "(sequences per forward/backward) is the only memory knob",
+    "(sequences per forward/backward) is the only memory knob",
     "generation_batch_size": "a step samples prompts_per_step x samples_per_prompt completions",
     "max_prompt_length": "prompts are never cut; a prompt that does not fit the context is refused before training",
     "use_vllm": "nanorl samples with its own sampler (sampling.LocalSampler); vLLM is not wired in yet",

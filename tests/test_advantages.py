@@ -8,8 +8,9 @@ def test_group_advantages_hand_computed():
     # group 2: rewards 1, 0, 0, 0 -> mean 0.25, std sqrt(0.1875) = 0.4330
     r = torch.tensor([1.0, 0, 0, 1, 1, 0, 0, 0])
     adv = group_advantages(r, 4, scale_by_std=True, eps=0.0)
-    expected = torch.tensor([1.0, -1, -1, 1, 0.75 / 0.1875**0.5, -0.25 / 0.1875**0.5, -0.25 / 0.1875**0.5,
-                             -0.25 / 0.1875**0.5])
+    expected = torch.tensor(
+        [1.0, -1, -1, 1, 0.75 / 0.1875**0.5, -0.25 / 0.1875**0.5, -0.25 / 0.1875**0.5, -0.25 / 0.1875**0.5]
+    )
     assert torch.allclose(adv, expected, atol=1e-6)
 
 
@@ -32,7 +33,7 @@ def test_matches_per_group_loop():
     r = torch.rand(6 * 5, generator=g)
     adv = group_advantages(r, 5, eps=1e-6)
     for k in range(6):
-        grp = r[k * 5:(k + 1) * 5].tolist()
+        grp = r[k * 5 : (k + 1) * 5].tolist()
         mean = sum(grp) / 5
         std = (sum((x - mean) ** 2 for x in grp) / 5) ** 0.5
         for j, x in enumerate(grp):
@@ -51,8 +52,8 @@ def test_rloo_baseline_excludes_the_sample_itself():
     r = torch.rand(12, generator=g)
     adv = rloo_advantages(r, 6)
     for i in range(12):
-        grp = r[(i // 6) * 6:(i // 6 + 1) * 6].tolist()
-        others = grp[:i % 6] + grp[i % 6 + 1:]
+        grp = r[(i // 6) * 6 : (i // 6 + 1) * 6].tolist()
+        others = grp[: i % 6] + grp[i % 6 + 1 :]
         assert abs(adv[i].item() - (r[i].item() - sum(others) / 5)) < 1e-6
     # RLOO's advantage is the group-centred one scaled by G / (G - 1)
     centred = group_advantages(r, 6, scale_by_std=False)

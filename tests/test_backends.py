@@ -4,8 +4,7 @@ hooks, under DDP and under peft, gradients are computed the engine's way and equ
 import pytest
 import torch
 
-from nanorl.backends import Backend, select_backend
-from nanorl.backends import cpu
+from nanorl.backends import Backend, cpu, select_backend
 from nanorl.models import tiny_model_and_tokenizer
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
@@ -59,7 +58,10 @@ def test_backend_torch_and_the_environment_variable_turn_every_speed_up_off(monk
             assert packed == {} and not any("forward" in m.__dict__ for m in model.modules())
     with pytest.raises(ValueError, match="'backend'"):
         select_backend("fast", "auto", torch.device("cpu"))
-    assert select_backend("torch", "bf16-mixed", torch.device("cpu")) == (Backend("torch", torch.bfloat16), torch.float32)
+    assert select_backend("torch", "bf16-mixed", torch.device("cpu")) == (
+        Backend("torch", torch.bfloat16),
+        torch.float32,
+    )
 
 
 @needs_onednn
@@ -69,8 +71,10 @@ def test_weights_with_gradient_hooks_get_their_gradients_the_engines_way(monkeyp
     plain = _plain_grads(model, batches)
     accumulated, head = [], []
     hooked = model.model.layers[0].mlp.down_proj.weight  # the gated MLP's weight
-    handles = [hooked.register_post_accumulate_grad_hook(lambda p: accumulated.append(p.grad.clone())),
-               model.lm_head.weight.register_hook(lambda g: head.append(g.clone()))]  # a tensor hook, tied weight
+    handles = [
+        hooked.register_post_accumulate_grad_hook(lambda p: accumulated.append(p.grad.clone())),
+        model.lm_head.weight.register_hook(lambda g: head.append(g.clone())),
+    ]  # a tensor hook, tied weight
     grads, _, _ = _fast_grads(model, batches, monkeypatch)
     _assert_same(grads, plain)
     assert len(accumulated) == 2 and len(head) == 2  # each hook ran once per backward, and saw the gradient
@@ -105,8 +109,9 @@ def test_ddp_wrapped_model_gets_the_engines_gradients(monkeypatch):
 def test_peft_model_gets_the_engines_gradients(monkeypatch):
     peft = pytest.importorskip("peft")
     model, _ = tiny_model_and_tokenizer()
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                             init_lora_weights=False)  # random A and B: every adapter gets a gradient
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )  # random A and B: every adapter gets a gradient
     model = peft.get_peft_model(model, config)
     batches = _batches()
     plain = _plain_grads(model, batches)

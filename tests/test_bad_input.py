@@ -11,6 +11,7 @@ from nanorl.cli import main
 @pytest.fixture
 def run(tmp_path, monkeypatch, capsys):
     """Run `nanorl ARGS` in tmp_path with model loading forbidden -> the error line."""
+
     def forbidden(*a, **k):
         raise AssertionError("a model was loaded before the bad input was found")
 
@@ -26,6 +27,7 @@ def run(tmp_path, monkeypatch, capsys):
         assert e.value.code == 2 and err.startswith("nanorl: error: ") and "\n" not in err, err
         assert not (tmp_path / "out").exists()  # nothing written
         return err
+
     return go
 
 
@@ -120,8 +122,19 @@ def test_minibatch_that_does_not_divide(run):
     assert "minibatch_size" in run("--minibatch-size", "7")
 
 
-@pytest.mark.parametrize("key, value", [("temperature", "0"), ("lr", "nan"), ("lr", "inf"), ("warmup-steps", "-1"),
-                                        ("top-k", "-1"), ("save-every", "-1"), ("kl-coef", "-0.1"), ("steps", "0")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("temperature", "0"),
+        ("lr", "nan"),
+        ("lr", "inf"),
+        ("warmup-steps", "-1"),
+        ("top-k", "-1"),
+        ("save-every", "-1"),
+        ("kl-coef", "-0.1"),
+        ("steps", "0"),
+    ],
+)
 def test_values_that_cannot_work(run, key, value):
     assert f"config key '{key.replace('-', '_')}'" in run(f"--{key}", value)
 

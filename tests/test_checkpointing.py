@@ -21,8 +21,18 @@ def _grads_and_layer_runs(model, tok, roll, adv, backend, micro=4, kl_ref=None):
     cls.forward = lambda self, *a, **k: runs.append(1) or forward(self, *a, **k)
     model.zero_grad(set_to_none=True)
     cfg = GRPOConfig(micro_batch_size=micro, kl_coef=0.1 if kl_ref is not None else 0.0, entropy_coef=0.01)
-    policy_backward(model, roll, adv, list(range(len(adv))), cfg, on_policy=True, pad_id=tok.pad_token_id,
-                    device="cpu", backend=backend, ref=kl_ref)
+    policy_backward(
+        model,
+        roll,
+        adv,
+        list(range(len(adv))),
+        cfg,
+        on_policy=True,
+        pad_id=tok.pad_token_id,
+        device="cpu",
+        backend=backend,
+        ref=kl_ref,
+    )
     cls.forward = forward
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return grads, len(runs)
@@ -34,8 +44,9 @@ def test_the_gradient_with_checkpointing_is_the_gradient_without(lora):
     if lora:
         model = add_adapters(model, GRPOConfig(lora_r=4, lora_alpha=8.0))
     prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
-    roll = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=0,
-                    pad_id=tok.pad_token_id)
+    roll = generate(
+        model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=0, pad_id=tok.pad_token_id
+    )
     adv = group_advantages(torch.tensor([float(len(c) % 3) for c in roll.completion_ids]), 4)
     for name in ("auto", "torch"):
         plain, runs = _grads_and_layer_runs(model, tok, roll, adv, Backend(name))
@@ -54,7 +65,10 @@ def test_checkpointing_leaves_no_forward_patched_and_refuses_models_without_laye
     with torch.enable_grad(), Backend("torch", checkpoint=True).recompute(model, cache):
         assert any("forward" in vars(m) for m in model.modules())
     assert not any("forward" in vars(m) for m in model.modules())
-    with pytest.raises(ValueError, match="grad_checkpointing"), Backend(checkpoint=True).recompute(torch.nn.Linear(2, 2), cache):
+    with (
+        pytest.raises(ValueError, match="grad_checkpointing"),
+        Backend(checkpoint=True).recompute(torch.nn.Linear(2, 2), cache),
+    ):
         pass
 
 
@@ -76,11 +90,13 @@ def test_a_reward_model_or_critic_pass_is_checkpointed_with_the_same_gradient(lo
         grads, runs = [], []
         for checkpoint in (False, True):
             calls = []
-            cls.forward = lambda self, *a, **k: calls.append(1) or forward(self, *a, **k)
+            cls.forward = lambda self, *a, **k: calls.append(1) or forward(self, *a, **k)  # noqa: B023
             model.zero_grad(set_to_none=True)
             backend = Backend(name, checkpoint=checkpoint)
-            loss = token_values(model, prompts, replies, tok.pad_token_id, "cpu", backend).sum() + \
-                rm_scores(model, prompts, replies, tok.pad_token_id, "cpu", backend).sum()
+            loss = (
+                token_values(model, prompts, replies, tok.pad_token_id, "cpu", backend).sum()
+                + rm_scores(model, prompts, replies, tok.pad_token_id, "cpu", backend).sum()
+            )
             loss.backward()
             cls.forward = forward
             grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})

@@ -20,8 +20,15 @@ def _line(i, tagged) -> bytes:
 
 
 def test_expected_values_never_enter_the_sandbox():
-    exprs, checks = plan([{"call": "f(2)", "expected": "4"}, {"assert": "f(3) == 9"}, {"assert": "not f(1) > 100"},
-                          {"assert": "f(2) in (3, 4) and 0 < f(5)"}, {"assert": "g(1) == f(1), 'same'"}])
+    exprs, checks = plan(
+        [
+            {"call": "f(2)", "expected": "4"},
+            {"assert": "f(3) == 9"},
+            {"assert": "not f(1) > 100"},
+            {"assert": "f(2) in (3, 4) and 0 < f(5)"},
+            {"assert": "g(1) == f(1), 'same'"},
+        ]
+    )
     assert exprs == ["f(2)", "f(3)", "f(1)", "f(2)", "f(5)", "g(1) == f(1)"]  # no 4, 9, 100, (3, 4) or 0 inside
     assert checks[0] == ("strict", 0, 4)
     values = [4, 9, 1, 4, 25, True]
@@ -36,29 +43,62 @@ def test_bad_tests_are_the_tasks_fault():
 
 
 def test_values_round_trip_strictly():
-    values = [0, -7, 10**40, 1.5, float("inf"), 2 - 3j, "é\n", b"\x00\xff", True, None, [1, (2, "3")],
-              {"a": [1.0], 2: {3}}, {(1, 2), "x"}, frozenset({1}), ()]
+    values = [
+        0,
+        -7,
+        10**40,
+        1.5,
+        float("inf"),
+        2 - 3j,
+        "é\n",
+        b"\x00\xff",
+        True,
+        None,
+        [1, (2, "3")],
+        {"a": [1.0], 2: {3}},
+        {(1, 2), "x"},
+        frozenset({1}),
+        (),
+    ]
     source = "def f(i):\n    return %r[i]\n" % (values[:-1] + [()],)
     source = source.replace("inf", "float('inf')")
-    tests = [{"call": f"f({i})", "expected": repr(v) if v != float("inf") else "float('inf')"} for i, v in enumerate(values)]
+    tests = [
+        {"call": f"f({i})", "expected": repr(v) if v != float("inf") else "float('inf')"} for i, v in enumerate(values)
+    ]
     assert code_reward("", source, tests=tests) == 1.0
     assert not same([1], [True]) and not same({"a": 1}, {"a": 1.0}) and not same((1,), [1])
 
 
-@pytest.mark.parametrize("data", [
-    b"not json\n", b"[0]\n", b"[5, [\"i\", \"1\"]]\n", b"[-1, [\"i\", \"1\"]]\n", b"[true, [\"i\", \"1\"]]\n",
-    _line(0, ["i", "4"]) + _line(0, ["i", "5"]),  # a second answer for one expression
-    _line(0, ["i", "1e3"]), _line(0, ["i", " 4"]), _line(0, ["i", "9" * 6000]), _line(0, ["x", 1]),
-    _line(0, ["s", 1]), _line(0, ["b", 1]), _line(0, ["y", "zz"]), _line(0, ["S", [["l", []]]]),  # unhashable
-    _line(0, ["d", [[["i", "1"]]]]), _line(0, ["l", "abc"]), b"[0, " * 10000 + b"\n", b"\xff\xfe\n",
-    _line(0, ["l", [["l", [["l", []]]]]] * 40000),
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json\n",
+        b"[0]\n",
+        b'[5, ["i", "1"]]\n',
+        b'[-1, ["i", "1"]]\n',
+        b'[true, ["i", "1"]]\n',
+        _line(0, ["i", "4"]) + _line(0, ["i", "5"]),  # a second answer for one expression
+        _line(0, ["i", "1e3"]),
+        _line(0, ["i", " 4"]),
+        _line(0, ["i", "9" * 6000]),
+        _line(0, ["x", 1]),
+        _line(0, ["s", 1]),
+        _line(0, ["b", 1]),
+        _line(0, ["y", "zz"]),
+        _line(0, ["S", [["l", []]]]),  # unhashable
+        _line(0, ["d", [[["i", "1"]]]]),
+        _line(0, ["l", "abc"]),
+        b"[0, " * 10000 + b"\n",
+        b"\xff\xfe\n",
+        _line(0, ["l", [["l", [["l", []]]]]] * 40000),
+    ],
+)
 def test_malformed_output_scores_zero_and_is_counted(data):
     with pytest.raises(Malformed):
         try:
             parse_values(data, 2)
         except (UnicodeDecodeError, RecursionError) as e:
-            raise Malformed(str(e))
+            raise Malformed(str(e)) from e
     _, checks = plan([{"call": "f(2)", "expected": "4"}, {"call": "f(3)", "expected": "9"}])
     assert judge(Result(True, 0, "", "", "", data), checks, 2) is None  # score_programs: 0, flagged malformed
 
@@ -75,10 +115,14 @@ def test_reward_is_a_fraction_whatever_the_output():
 @linux
 def test_forged_results_gain_nothing():
     tests = [{"call": "f(2)", "expected": "4"}, {"call": "f(3)", "expected": "9"}]
-    guesses = "".join(f"os.write(3, b'[{i}, [\"i\", \"{v}\"]]\\n')\n" for i in range(2) for v in (0, 4, 9))
+    guesses = "".join(f'os.write(3, b\'[{i}, ["i", "{v}"]]\\n\')\n' for i in range(2) for v in (0, 4, 9))
     assert code_reward("", "import os\n" + guesses + SQUARE, tests=tests) == 0.0  # every guess voids the run
-    for patch in ("import builtins\nclass A:\n    __eq__ = lambda s, o: True\nbuiltins.eval = lambda *a: A()", "import json\njson.dumps = lambda *a: '[0, [\"i\", \"4\"]]'",
-                  "import builtins\nbuiltins.type = lambda x: int", "import os\nos.close(3)"):
+    for patch in (
+        "import builtins\nclass A:\n    __eq__ = lambda s, o: True\nbuiltins.eval = lambda *a: A()",
+        'import json\njson.dumps = lambda *a: \'[0, ["i", "4"]]\'',
+        "import builtins\nbuiltins.type = lambda x: int",
+        "import os\nos.close(3)",
+    ):
         assert code_reward("", patch + "\ndef f(x):\n    return 0", tests=tests) == 0.0, patch  # as f alone
 
 
@@ -87,10 +131,11 @@ def test_the_sandbox_sees_no_nanorl_checkout_home_or_run_folder(tmp_path):
     canary = tmp_path / "run_canary.txt"
     canary.write_text("canary")
     data = os.path.join(os.path.dirname(__import__("nanorl").__file__), "tasks", "data", "code_tasks.jsonl")
-    probe = ("import os, sys\nfound = []\nfor p in %r:\n    try:\n        open(p).read(1)\n        found.append(p)\n"
-             "    except OSError:\n        pass\nfor top in ('/usr', '/root', '/home', '/tmp', sys.prefix):\n"
-             "    for d, _, files in os.walk(top):\n        found += [f for f in files if f in ('code_tasks.jsonl', "
-             "'run_canary.txt', '_sandbox_launch.py')]\nprint(found)") % [data, str(canary), os.path.expanduser("~/.bashrc"),
-                                                                    os.getcwd() + "/pyproject.toml"]
+    probe = (
+        "import os, sys\nfound = []\nfor p in %r:\n    try:\n        open(p).read(1)\n        found.append(p)\n"
+        "    except OSError:\n        pass\nfor top in ('/usr', '/root', '/home', '/tmp', sys.prefix):\n"
+        "    for d, _, files in os.walk(top):\n        found += [f for f in files if f in ('code_tasks.jsonl', "
+        "'run_canary.txt', '_sandbox_launch.py')]\nprint(found)"
+    ) % [data, str(canary), os.path.expanduser("~/.bashrc"), os.getcwd() + "/pyproject.toml"]
     r = run_python(probe, Limits(wall_s=20, cpu_s=20))
     assert r.ok and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -25,7 +25,7 @@ def test_masks_cover_completion_only_and_train_on_eos_equal_to_pad(tiny):
 def _plain_logprobs(model, prompt, comp):
     """The straightforward reference: one unpadded forward over prompt + completion."""
     ids = torch.tensor([prompt + comp])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
     return F.log_softmax(logits.float(), -1).gather(-1, torch.tensor(comp)[:, None]).squeeze(-1)
 
 
@@ -42,7 +42,7 @@ def test_shared_prompt_logprobs_and_gradients_match_plain_forward(tiny):
     total = 0
     for i, (p, c) in enumerate(zip(prompts, comps)):
         ref = _plain_logprobs(model, p, c)
-        assert torch.allclose(logp[i, :len(c)], ref, atol=1e-5)
+        assert torch.allclose(logp[i, : len(c)], ref, atol=1e-5)
         total = total + ref.sum()
     total.backward()
     for g_fast, p in zip(fast, model.parameters()):

@@ -11,14 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanorl.backends import decode
-from nanorl.backends import Backend
+from nanorl.backends import Backend, decode
 from nanorl.logprobs import cache_kwarg
 from nanorl.models import stop_token_ids, tiny_model_and_tokenizer
-from nanorl.sampling import ModelStep, generate, left_pad, SamplingParams
+from nanorl.sampling import ModelStep, SamplingParams, generate, left_pad
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                reason="no C++ compiler: the sampler uses the model's forward")
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="no C++ compiler: the sampler uses the model's forward",
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +60,22 @@ def test_decode_attention_matches_sdpa_over_prompt_and_completion(ops, d, heads,
     cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)  # (A, d)
     kct = F.pad(kc.transpose(-1, -2), (0, L)).contiguous()  # the kernel's layouts
     vct = vc.clone()
-    out = ops.decode_attention(qkv, cos, sin, F.pad(kp.transpose(-1, -2), (0, L)).contiguous(), vp, kct, vct,
-                               rows, start, n, t, heads, 0.3)
+    out = ops.decode_attention(
+        qkv, cos, sin, F.pad(kp.transpose(-1, -2), (0, L)).contiguous(), vp, kct, vct, rows, start, n, t, heads, 0.3
+    )
     q, k, v = qkv.view(len(rows), -1, d).split([heads, kv_heads, kv_heads], 1)  # (A, heads, d) ...
     q, k = _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
     for i, row in enumerate(rows.tolist()):
         p = row // n
         assert torch.allclose(kct[row, :, :, t], k[i], atol=1e-6) and torch.equal(vct[row, :, t], v[i])
-        keys = torch.cat([kp[p, :, start[p]:], kc[row, :, :t], k[i][:, None]], 1)  # (kv_heads, Lk, d)
-        values = torch.cat([vp[p, :, start[p]:], vc[row, :, :t], v[i][:, None]], 1)
-        ref = F.scaled_dot_product_attention(q[i][:, None], keys.repeat_interleave(heads // kv_heads, 0),
-                                             values.repeat_interleave(heads // kv_heads, 0), scale=0.3)
+        keys = torch.cat([kp[p, :, start[p] :], kc[row, :, :t], k[i][:, None]], 1)  # (kv_heads, Lk, d)
+        values = torch.cat([vp[p, :, start[p] :], vc[row, :, :t], v[i][:, None]], 1)
+        ref = F.scaled_dot_product_attention(
+            q[i][:, None],
+            keys.repeat_interleave(heads // kv_heads, 0),
+            values.repeat_interleave(heads // kv_heads, 0),
+            scale=0.3,
+        )
         assert torch.allclose(out[i].view(heads, d), ref[:, 0], atol=2e-6)
     untouched = [r for r in range(N) if r not in rows.tolist()]
     assert not kct[untouched, :, :, t].any() and not vct[untouched, :, t].any()
@@ -79,8 +85,17 @@ def _llama_with_biases():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(2)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=1, max_position_embeddings=256, attention_bias=True, mlp_bias=True)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        attention_bias=True,
+        mlp_bias=True,
+    )
     model = LlamaForCausalLM(cfg).float()
     with torch.no_grad():  # random biases (they start at zero)
         for name, p in model.named_parameters():
@@ -93,8 +108,16 @@ def _qwen2_tiny():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(1)
-    cfg = Qwen2Config(vocab_size=99, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
-                      num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=99,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     return Qwen2ForCausalLM(cfg).float()  # biases on query, key and value
 
 
@@ -102,8 +125,17 @@ def _qwen3_tiny():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(2)
-    cfg = Qwen3Config(vocab_size=99, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=99,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     model = Qwen3ForCausalLM(cfg).float()  # head_dim 16: heads * d = 64, not the hidden size 48
     with torch.no_grad():  # the query / key norms' weights start at 1: make them count
         for layer in model.model.layers:
@@ -113,8 +145,12 @@ def _qwen3_tiny():
 
 @pytest.mark.parametrize("arch", ["llama", "llama_biases", "qwen2", "qwen3"])
 def test_decoder_logits_match_the_models_own_forward(ops, arch):
-    model = {"llama": lambda: tiny_model_and_tokenizer()[0], "llama_biases": _llama_with_biases,
-             "qwen2": _qwen2_tiny, "qwen3": _qwen3_tiny}[arch]()
+    model = {
+        "llama": lambda: tiny_model_and_tokenizer()[0],
+        "llama_biases": _llama_with_biases,
+        "qwen2": _qwen2_tiny,
+        "qwen3": _qwen3_tiny,
+    }[arch]()
     assert decode.supported(model)
     with torch.no_grad():  # sharper attention than a random init's near-uniform one, so its errors show
         for layer in model.model.layers:
@@ -132,10 +168,17 @@ def test_decoder_logits_match_the_models_own_forward(ops, arch):
             from transformers import DynamicCache
 
             cache = DynamicCache()
-            model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                  **{cache_kwarg(model): cache})
-            runs.append(decode.cpu_decoder(model, packed, cache, mask, n, steps) if lean else
-                        ModelStep(model, cache, mask, n))
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_kwarg(model): cache},
+            )
+            runs.append(
+                decode.cpu_decoder(model, packed, cache, mask, n, steps) if lean else ModelStep(model, cache, mask, n)
+            )
         assert isinstance(runs[0], decode.LlamaDecoder)
         rows, positions = torch.arange(len(prompts) * n), pos[:, -1].repeat_interleave(n) + 1
         for t in range(steps):
@@ -155,11 +198,19 @@ def test_rollouts_of_both_steps_have_the_models_logprobs(ops, tiny):
     model, tok = tiny
     prompts = [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"]]
     for lean in (True, False):
-        out = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=2,
-                       pad_id=tok.pad_token_id, lean=lean)
+        out = generate(
+            model,
+            prompts,
+            4,
+            SamplingParams(max_new_tokens=9),
+            stop_token_ids(model, tok),
+            seed=2,
+            pad_id=tok.pad_token_id,
+            lean=lean,
+        )
         ref, _ = token_logprobs(model, collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu"))
         for i, lp in enumerate(out.logprobs):
-            assert torch.allclose(ref[i, :len(lp)], lp, atol=1e-5)
+            assert torch.allclose(ref[i, : len(lp)], lp, atol=1e-5)
 
 
 def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_run(ops, tmp_path):
@@ -167,11 +218,14 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_run(ops, t
     it behind, and every later run waited on it forever. A finished build beside such a lock still loads."""
     env = {**os.environ, "NANORL_CACHE": str(tmp_path)}
     code = "from nanorl.backends import decode; print(decode.{}())"
-    build = Path(subprocess.check_output([sys.executable, "-c", code.format("build_folder")], env=env, text=True).strip())
+    build = Path(
+        subprocess.check_output([sys.executable, "-c", code.format("build_folder")], env=env, text=True).strip()
+    )
     shutil.copytree(decode.build_folder(), build)  # this process's build (the ops fixture)
     (build / "lock").touch()
-    out = subprocess.run([sys.executable, "-c", code.format("kernels")], env=env, capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", code.format("kernels")], env=env, capture_output=True, text=True, timeout=180
+    )
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
@@ -184,8 +238,9 @@ def test_other_models_and_settings_fall_back_to_the_models_forward(tiny):
     assert not decode.supported(tiny_model_and_tokenizer()[0].to(torch.bfloat16))
     with Backend().forward(model) as packed:  # not packed for sampling: nothing to decode with
         assert packed == {} and decode.cpu_decoder(model, packed, None, None, 2, 4) is None
-    out = generate(dynamic, [tok("hi")["input_ids"]], 2, SamplingParams(max_new_tokens=3), [], seed=0,
-                   pad_id=tok.pad_token_id)
+    out = generate(
+        dynamic, [tok("hi")["input_ids"]], 2, SamplingParams(max_new_tokens=3), [], seed=0, pad_id=tok.pad_token_id
+    )
     assert all(len(c) == 3 for c in out.completion_ids) and math.isfinite(float(out.logprobs[0].sum()))
 
 
@@ -198,9 +253,12 @@ def test_a_lora_model_decodes_on_folded_weights_with_the_learners_logprobs(ops):
     from nanorl.logprobs import token_logprobs
 
     base, tok = tiny_model_and_tokenizer()
-    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                      init_lora_weights=False))  # random A and B
-    lora = [m for m in model.modules() if type(m).__module__.startswith("peft.tuners.lora") and hasattr(m, "base_layer")]
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )  # random A and B
+    lora = [
+        m for m in model.modules() if type(m).__module__.startswith("peft.tuners.lora") and hasattr(m, "base_layer")
+    ]
     prompts = [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"]]
     with torch.no_grad(), Backend().forward(model, pack_weights=True) as packed:
         assert lora and all(id(m) in packed for m in lora)
@@ -211,11 +269,12 @@ def test_a_lora_model_decodes_on_folded_weights_with_the_learners_logprobs(ops):
         model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
         assert isinstance(decode.cpu_decoder(model, packed, cache, mask, 2, 4), decode.LlamaDecoder)
     assert not any("forward" in vars(m) for m in model.modules())  # peft's forwards again
-    out = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=2,
-                   pad_id=tok.pad_token_id)
+    out = generate(
+        model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=2, pad_id=tok.pad_token_id
+    )
     ref, _ = token_logprobs(model, collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu"))
     for i, lp in enumerate(out.logprobs):
-        assert torch.allclose(ref[i, :len(lp)], lp, atol=1e-5)
+        assert torch.allclose(ref[i, : len(lp)], lp, atol=1e-5)
     with model.disable_adapter(), torch.no_grad():  # the adapters matter: the base model's log-probs differ
         plain, _ = token_logprobs(model, collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu"))
     assert not torch.allclose(plain, ref, atol=1e-3)

@@ -17,20 +17,63 @@ from safetensors.torch import load_file
 
 import nanorl
 
-REWARD = '''
+REWARD = """
 def digits(completions, **kw):  # a reward the tiny random model's samples differ on: a learning signal
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-'''
+"""
 GRPO = ["train", "--steps", "3", "--lr", "3e-3", "--reward", "r.py:digits"]
 CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss, batch whitening, filtered overlong;
     # DPO on 30 pairs (24 trained: 3 steps of 8 rows, 3 per rank and micro-batch, so ranks hold 4 rows each)
     "grpo": GRPO,
-    "offpolicy": GRPO + ["--algo", "reinforce_pp", "--minibatch-size", "16", "--epochs", "2", "--kl-coef", "0.05",
-                         "--overlong", "filter", "--max-new-tokens", "12"],
-    "ppo": ["ppo", "--steps", "3", "--lr", "3e-3", "--critic-lr", "3e-3", "--reward", "r.py:digits", "--minibatch-size",
-            "16", "--epochs", "2", "--kl-coef", "0.05", "--max-new-tokens", "12"],
-    "dpo": ["dpo", "--data", "pairs.jsonl", "--batch-size", "8", "--micro-batch-size", "3", "--lr", "1e-3",
-            "--eval-every", "2", "--max-new-tokens", "8"],
+    "offpolicy": GRPO
+    + [
+        "--algo",
+        "reinforce_pp",
+        "--minibatch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--kl-coef",
+        "0.05",
+        "--overlong",
+        "filter",
+        "--max-new-tokens",
+        "12",
+    ],
+    "ppo": [
+        "ppo",
+        "--steps",
+        "3",
+        "--lr",
+        "3e-3",
+        "--critic-lr",
+        "3e-3",
+        "--reward",
+        "r.py:digits",
+        "--minibatch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--kl-coef",
+        "0.05",
+        "--max-new-tokens",
+        "12",
+    ],
+    "dpo": [
+        "dpo",
+        "--data",
+        "pairs.jsonl",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "3",
+        "--lr",
+        "1e-3",
+        "--eval-every",
+        "2",
+        "--max-new-tokens",
+        "8",
+    ],
 }
 
 
@@ -41,25 +84,51 @@ def command(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = F
     """`nanorl` on the tiny model into tmp_path/name, under torchrun when procs > 1 (or asked); writes the reward
     and pairs."""
     (tmp_path / "r.py").write_text(REWARD)
-    (tmp_path / "pairs.jsonl").write_text("".join(
-        json.dumps({"prompt": f"{a} + {b} =", "chosen": f" {a + b}", "rejected": f" {a * b + 1}"}) + "\n"
-        for a in range(5) for b in range(6)))
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)] if procs > 1 or torchrun
-              else [sys.executable])
-    return launch + ["-m", "nanorl.cli", *args, "--model", "tiny", "--eval-size", "10", "--out-dir",
-                     str(tmp_path / name), "--report-to", "none"]
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": f"{a} + {b} =", "chosen": f" {a + b}", "rejected": f" {a * b + 1}"}) + "\n"
+            for a in range(5)
+            for b in range(6)
+        )
+    )
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs)]
+        if procs > 1 or torchrun
+        else [sys.executable]
+    )
+    return launch + [
+        "-m",
+        "nanorl.cli",
+        *args,
+        "--model",
+        "tiny",
+        "--eval-size",
+        "10",
+        "--out-dir",
+        str(tmp_path / name),
+        "--report-to",
+        "none",
+    ]
 
 
 def run(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = False) -> subprocess.CompletedProcess:
-    out = subprocess.run(command(tmp_path, name, args, procs, torchrun), capture_output=True, text=True, timeout=300,
-                         env=ENV, cwd=tmp_path)
+    out = subprocess.run(
+        command(tmp_path, name, args, procs, torchrun),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
 def metrics(folder) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-            for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (folder / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def assert_same_run(tmp_path, models: list[str], atol: float, steps: int = 3) -> None:
@@ -98,11 +167,22 @@ def test_two_nodes_train_as_one_process(tmp_path, strategy):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = command(tmp_path, "two", args, 2)
-    cmd[cmd.index("--nproc_per_node"):cmd.index("--nproc_per_node") + 2] = [
-        "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-        "--rdzv-id", "nodes"]
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
-             for _ in range(2)]
+    cmd[cmd.index("--nproc_per_node") : cmd.index("--nproc_per_node") + 2] = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "nodes",
+    ]
+    nodes = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+        for _ in range(2)
+    ]
     try:
         outs = [node.communicate(timeout=300) for node in nodes]
     finally:
@@ -117,8 +197,19 @@ def test_an_offline_batch_with_fewer_rows_than_processes(tmp_path):
     """24 rows in batches of 23: the last batch has one row, so rank 1 holds none of it. It still runs one
     zero-weight micro-batch and reports the same statistics (collectives) as rank 0 (it used to stop with a
     collective mismatch under ddp)."""
-    args = ["dpo", "--data", "pairs.jsonl", "--batch-size", "23", "--micro-batch-size", "8", "--lr", "1e-3",
-            "--max-new-tokens", "8"]
+    args = [
+        "dpo",
+        "--data",
+        "pairs.jsonl",
+        "--batch-size",
+        "23",
+        "--micro-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--max-new-tokens",
+        "8",
+    ]
     run(tmp_path, "two", args, 2)
     run(tmp_path, "one", args, 1)
     assert_same_run(tmp_path, ["model"], 1e-6, steps=2)
@@ -131,16 +222,24 @@ def test_a_reward_batch_that_fails_on_one_rank_only(tmp_path):
         "import os\nfrom nanorl.tasks import Scores\n\n\ndef odd(prompt, completion, **kw):\n"
         "    return float(len(completion) % 2)\n\n\ndef _batch(prompts, completions, fields, *a, **kw):\n"
         "    if os.environ['RANK'] == '1' and len(completions) > 1:\n        raise ValueError('breaks here')\n"
-        "    return Scores([odd(p, c) for p, c in zip(prompts, completions)], {'odd': [len(c) % 2 for c in completions]})"
-        "\n\n\nodd.batch = _batch\n")
+        "    return Scores([odd(p, c) for p, c in zip(prompts, completions)],\n"
+        "                  {'odd': [len(c) % 2 for c in completions]})"
+        "\n\n\nodd.batch = _batch\n"
+    )
     run(tmp_path, "two", ["train", "--steps", "2", "--reward", "flagged.py:odd"], 2)
     rows = metrics(tmp_path / "two")
     assert len(rows) == 2 and all(0 <= r["reward/odd_odd_mean"] <= 1 for r in rows)  # rank 0's flags
     assert all(r["reward/odd_mean"] == pytest.approx(r["reward/mean"]) for r in rows)  # flags are not reward
 
 
-@pytest.mark.parametrize("more", [[], ["--kl-placement", "reward", "--is-mode", "token_truncate"],
-                                  ["--lora-r", "4", "--grad-checkpointing", "true"]])
+@pytest.mark.parametrize(
+    "more",
+    [
+        [],
+        ["--kl-placement", "reward", "--is-mode", "token_truncate"],
+        ["--lora-r", "4", "--grad-checkpointing", "true"],
+    ],
+)
 def test_fsdp_shards_the_model_and_trains_as_one_process(tmp_path, more):
     """strategy fsdp: each rank holds half of every weight, gradient and AdamW state; the sums run in another
     order than in one process (reduce-scatter), so the weights agree to float rounding (3.4e-7 seen), not in every
@@ -155,8 +254,20 @@ def test_fsdp_shards_the_model_and_trains_as_one_process(tmp_path, more):
     assert "lm_head.weight" not in load_file(tmp_path / "two" / "model" / "model.safetensors")  # tied: saved once
 
 
-OFFLINE = ["--data", "pairs.jsonl", "--batch-size", "9", "--micro-batch-size", "2", "--lr", "1e-3", "--eval-every", "2",
-           "--max-new-tokens", "8"]  # 24 rows: batches of 9, 9, 6; 4 and 5 rows per rank, so 2 and 3 micro-batches
+OFFLINE = [
+    "--data",
+    "pairs.jsonl",
+    "--batch-size",
+    "9",
+    "--micro-batch-size",
+    "2",
+    "--lr",
+    "1e-3",
+    "--eval-every",
+    "2",
+    "--max-new-tokens",
+    "8",
+]  # 24 rows: batches of 9, 9, 6; 4 and 5 rows per rank, so 2 and 3 micro-batches
 
 
 def stopped_after_step_2(src, dst) -> None:
@@ -194,17 +305,36 @@ def test_fsdp_trains_the_other_trainers_as_one_process(tmp_path, case):
 def test_an_fsdp_run_stopped_on_one_rank_resumes_to_the_uninterrupted_run(tmp_path):
     """SIGTERM reaching only rank 1: both ranks finish the same step and write its checkpoint (a collective), stop,
     and --resume continues to the same metrics and weights, bit for bit, as a run never stopped."""
-    args = GRPO[:1] + ["--lr", "3e-3", "--reward", "r.py:digits", "--strategy", "fsdp", "--lr-schedule", "constant",
-                       "--kl-coef", "0.05", "--eval-every", "1000"]
+    args = GRPO[:1] + [
+        "--lr",
+        "3e-3",
+        "--reward",
+        "r.py:digits",
+        "--strategy",
+        "fsdp",
+        "--lr-schedule",
+        "constant",
+        "--kl-coef",
+        "0.05",
+        "--eval-every",
+        "1000",
+    ]
     run(tmp_path, "straight", args + ["--steps", "6"], 2)
-    job = subprocess.Popen(command(tmp_path, "stopped", args + ["--steps", "500"], 2), cwd=tmp_path, env=ENV,
-                           stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        command(tmp_path, "stopped", args + ["--steps", "500"], 2),
+        cwd=tmp_path,
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log, deadline = tmp_path / "stopped" / "metrics.jsonl", time.time() + 120
     while not (log.is_file() and log.read_text().strip()) and time.time() < deadline and job.poll() is None:
         time.sleep(0.05)
     workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
-    env = {pid: dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
-           for pid in workers}
+    env = {
+        pid: dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+        for pid in workers
+    }
     ranks = {e["RANK"]: int(pid) for pid, e in env.items()}
     os.kill(ranks["1"], signal.SIGTERM)
     _, err = job.communicate(timeout=120)
@@ -217,13 +347,28 @@ def test_an_fsdp_run_stopped_on_one_rank_resumes_to_the_uninterrupted_run(tmp_pa
     assert all(torch.equal(one[k], two[k]) for k in one)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--prompts-per-step", "3"], "'prompts_per_step': 3 must be divisible by the 2 processes"),
-    (["train", "--algo", "dapo"], "'dynamic_sampling': not yet under torchrun"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--prompts-per-step", "3"], "'prompts_per_step': 3 must be divisible by the 2 processes"),
+        (["train", "--algo", "dapo"], "'dynamic_sampling': not yet under torchrun"),
+    ],
+)
 def test_what_cannot_run_sharded_is_refused_before_any_model_loads(tmp_path, args, message):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "nanorl.cli", *args,
-           "--model", "tiny", "--out-dir", str(tmp_path / "run")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "nanorl.cli",
+        *args,
+        "--model",
+        "tiny",
+        "--out-dir",
+        str(tmp_path / "run"),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
     # one line from each rank, no traceback through nanorl's code (torchrun adds its own report of the exit codes)
@@ -242,7 +387,7 @@ def test_fsdp_under_torchrun_in_one_process_shards_over_a_world_of_one(tmp_path)
     assert (tmp_path / "two" / "checkpoint" / "optimizer" / ".metadata").is_file()  # written by dcp: it was sharded
 
 
-SLOW_END = '''
+SLOW_END = """
 import datetime, functools, os, sys, time
 import torch.distributed as dist
 dist.init_process_group = functools.partial(dist.init_process_group, timeout=datetime.timedelta(seconds=10))
@@ -259,7 +404,7 @@ def slow_unlock(out):  # after the final model and results.json: the main proces
 checkpoint.unlock = slow_unlock
 from nanorl.cli import main
 main(sys.argv[1:])
-'''
+"""
 
 
 def test_under_fsdp_the_others_wait_for_the_main_process_past_the_groups_timeout(tmp_path):
@@ -269,7 +414,7 @@ def test_under_fsdp_the_others_wait_for_the_main_process_past_the_groups_timeout
     the other)."""
     (tmp_path / "slow_end.py").write_text(SLOW_END)
     cmd = command(tmp_path, "two", GRPO + ["--steps", "1", "--strategy", "fsdp", "--lora-r", "4"], 2)
-    cmd[cmd.index("-m", 2):cmd.index("nanorl.cli") + 1] = [str(tmp_path / "slow_end.py")]
+    cmd[cmd.index("-m", 2) : cmd.index("nanorl.cli") + 1] = [str(tmp_path / "slow_end.py")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "two" / "results.json").is_file() and (tmp_path / "two" / "model" / "config.json").is_file()
@@ -280,12 +425,14 @@ def test_fsdp_in_one_process_is_refused_naming_the_key(tmp_path, capsys):
 
     with pytest.raises(SystemExit) as e:
         main(["train", "--model", "tiny", "--strategy", "fsdp", "--out-dir", str(tmp_path / "run")])
-    assert e.value.code == 2 and "config key 'strategy': fsdp shards the model over torchrun's processes" in \
-        capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and "config key 'strategy': fsdp shards the model over torchrun's processes" in capsys.readouterr().err
+    )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-LOADER = '''
+LOADER = """
 import json, sys, torch
 from types import SimpleNamespace
 from nanorl import distributed
@@ -331,7 +478,7 @@ except RuntimeError as e:
 json.dump({"meta": meta, "seen": seen, "out": out, "error": error, "tok": tok.eos_token_id, "gathered": gathered,
            "unsent": unsent}, open(f"{sys.argv[1]}/{distributed.rank()}.json", "w"))
 distributed.finish()
-'''
+"""
 
 
 def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(tmp_path):
@@ -344,9 +491,21 @@ def test_fsdp_loads_the_weights_once_and_spreads_held_out_passes_over_the_ranks(
     from nanorl.models import load_model
 
     (tmp_path / "load.py").write_text(LOADER)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          str(tmp_path / "load.py"), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                         env=ENV)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            str(tmp_path / "load.py"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     assert [r["meta"] for r in ranks] == [False, True]
@@ -393,8 +552,12 @@ def test_a_checkpoint_resumes_under_the_other_strategy(tmp_path, case):
     args = CASES["offpolicy"] + ["--save-every", "2", "--backend", "torch"]
     run(tmp_path, "one", args + ["--strategy", first], 2)  # uninterrupted; its checkpoint of step 2 stays
     stopped_after_step_2(tmp_path / "one", tmp_path / "two")
-    resumed = run(tmp_path, "two", args + ["--resume", "true"] + (["--strategy", "fsdp"] if then == "fsdp" else []),
-                  2 if then == "fsdp" else 1)
+    resumed = run(
+        tmp_path,
+        "two",
+        args + ["--resume", "true"] + (["--strategy", "fsdp"] if then == "fsdp" else []),
+        2 if then == "fsdp" else 1,
+    )
     assert "differ from the run being resumed" not in resumed.stderr
     assert_same_run(tmp_path, ["model"], 1e-6)
 

@@ -22,8 +22,12 @@ def letter_a(prompt, completion, **_):
 
 
 def toy_task():
-    return Task("letter-a", train=[Example(f"q{i}") for i in range(40)], eval=[Example(f"e{i}") for i in range(4)],
-                reward=letter_a)
+    return Task(
+        "letter-a",
+        train=[Example(f"q{i}") for i in range(40)],
+        eval=[Example(f"e{i}") for i in range(4)],
+        reward=letter_a,
+    )
 
 
 def _metrics(out_dir):
@@ -33,15 +37,18 @@ def _metrics(out_dir):
 def test_gradient_is_independent_of_micro_batch_size():
     model, tok = tiny_model_and_tokenizer(seed=1)
     prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
-    roll = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=0,
-                    pad_id=tok.pad_token_id)
+    roll = generate(
+        model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=0, pad_id=tok.pad_token_id
+    )
     rewards = torch.tensor([float(len(c) % 3) for c in roll.completion_ids])
     adv = group_advantages(rewards, 4)
     grads = []
     for micro in (12, 5, 1):
         cfg = GRPOConfig(micro_batch_size=micro)
         model.zero_grad()
-        stats = policy_backward(model, roll, adv, list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu")
+        stats = policy_backward(
+            model, roll, adv, list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu"
+        )
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert stats["ratio_min"] == 1.0 and stats["ratio_max"] == 1.0 and stats["clipped"] == 0.0
     assert grads[0].abs().max() > 0
@@ -51,8 +58,13 @@ def test_gradient_is_independent_of_micro_batch_size():
 
 def _rollouts(prompt_lengths, completion_lengths, n):
     prompts = [[7 + g] * p for g, p in enumerate(prompt_lengths) for _ in range(n)]
-    return Rollouts(prompts, [[1] * c for c in completion_lengths], [torch.zeros(c) for c in completion_lengths],
-                    [False] * len(prompts), n)
+    return Rollouts(
+        prompts,
+        [[1] * c for c in completion_lengths],
+        [torch.zeros(c) for c in completion_lengths],
+        [False] * len(prompts),
+        n,
+    )
 
 
 def test_micro_batches_keep_groups_together_when_that_costs_less():
@@ -69,8 +81,18 @@ def test_micro_batches_keep_groups_together_when_that_costs_less():
 
 
 def test_grpo_learns_toy_task_and_changes_parameters(tmp_path):
-    cfg = GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=30, prompts_per_step=4, samples_per_prompt=8,
-                     max_new_tokens=8, lr=3e-3, warmup_steps=0, eval_every=100, save_every=0)
+    cfg = GRPOConfig(
+        model="tiny",
+        out_dir=str(tmp_path),
+        steps=30,
+        prompts_per_step=4,
+        samples_per_prompt=8,
+        max_new_tokens=8,
+        lr=3e-3,
+        warmup_steps=0,
+        eval_every=100,
+        save_every=0,
+    )
     before = {k: v.clone() for k, v in tiny_model_and_tokenizer()[0].state_dict().items()}
     result = train(cfg, toy_task())
     m = _metrics(tmp_path)
@@ -90,9 +112,20 @@ def test_grpo_learns_toy_task_and_changes_parameters(tmp_path):
 
 
 def test_off_policy_minibatches_clip_and_kl_reference(tmp_path):
-    cfg = GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=3, prompts_per_step=2, samples_per_prompt=4,
-                     max_new_tokens=6, lr=1e-2, epochs=2, minibatch_size=4, kl_coef=0.1, eval_every=100,
-                     save_every=0)
+    cfg = GRPOConfig(
+        model="tiny",
+        out_dir=str(tmp_path),
+        steps=3,
+        prompts_per_step=2,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        lr=1e-2,
+        epochs=2,
+        minibatch_size=4,
+        kl_coef=0.1,
+        eval_every=100,
+        save_every=0,
+    )
     train(cfg, toy_task())
     m = _metrics(tmp_path)
     assert any(x["policy/ratio_max"] != 1.0 for x in m)  # later minibatches are off-policy
@@ -100,8 +133,16 @@ def test_off_policy_minibatches_clip_and_kl_reference(tmp_path):
 
 
 def test_resume_continues_from_checkpoint(tmp_path):
-    base = dict(model="tiny", out_dir=str(tmp_path), prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6,
-                lr=1e-3, eval_every=100, save_every=2)
+    base = dict(
+        model="tiny",
+        out_dir=str(tmp_path),
+        prompts_per_step=2,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        lr=1e-3,
+        eval_every=100,
+        save_every=2,
+    )
     train(GRPOConfig(steps=3, **base), toy_task())  # checkpoint at step 2, then step 3
     assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     train(GRPOConfig(steps=5, resume=True, **base), toy_task())
@@ -111,26 +152,87 @@ def test_resume_continues_from_checkpoint(tmp_path):
 
 def test_cli_train_and_eval(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "nanorl.cli", "train", "--model", "tiny", "--steps", "2", "--eval-size", "8",
-           "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "4", "--out-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nanorl.cli",
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--eval-size",
+        "8",
+        "--prompts-per-step",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--out-dir",
+        str(out),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "held-out greedy accuracy" in r.stdout
     saved = json.loads((out / "config.json").read_text())
-    assert saved == dataclasses.asdict(GRPOConfig(model="tiny", steps=2, eval_size=8, prompts_per_step=2,
-                                                  samples_per_prompt=2, max_new_tokens=4, out_dir=str(out)))
-    r = subprocess.run([sys.executable, "-m", "nanorl.cli", "eval", "--model", str(out / "model"), "--task",
-                        "arithmetic", "--eval-size", "8", "--k", "2", "--max-new-tokens", "4"],
-                       capture_output=True, text=True, timeout=300)
+    assert saved == dataclasses.asdict(
+        GRPOConfig(
+            model="tiny",
+            steps=2,
+            eval_size=8,
+            prompts_per_step=2,
+            samples_per_prompt=2,
+            max_new_tokens=4,
+            out_dir=str(out),
+        )
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nanorl.cli",
+            "eval",
+            "--model",
+            str(out / "model"),
+            "--task",
+            "arithmetic",
+            "--eval-size",
+            "8",
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    metrics = json.loads(r.stdout[r.stdout.index("{"):])
+    metrics = json.loads(r.stdout[r.stdout.index("{") :])
     assert set(metrics) >= {"eval/greedy_acc", "eval/pass@2"}
 
 
 def test_custom_reward_example_runs(tmp_path):
-    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "examples" / "custom_reward.py"), "--model", "tiny", "--steps", "2",
-                        "--prompts-per-step", "2", "--samples-per-prompt", "2", "--out-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "examples" / "custom_reward.py"),
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "held-out mean reward:" in r.stdout
     assert len(_metrics(tmp_path)) == 2
@@ -142,8 +244,19 @@ def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     from nanorl.integrations.plot import plot_run
 
-    train(GRPOConfig(model="tiny", out_dir=str(tmp_path), steps=2, prompts_per_step=2, samples_per_prompt=2,
-                     max_new_tokens=4, eval_every=1, save_every=0), toy_task())
+    train(
+        GRPOConfig(
+            model="tiny",
+            out_dir=str(tmp_path),
+            steps=2,
+            prompts_per_step=2,
+            samples_per_prompt=2,
+            max_new_tokens=4,
+            eval_every=1,
+            save_every=0,
+        ),
+        toy_task(),
+    )
     png = plot_run(tmp_path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -157,17 +270,49 @@ def test_plot_overlays_runs_of_every_command(tmp_path):
     from nanorl.sft import train as sft_train
 
     for name in ("a", "b"):
-        train(GRPOConfig(model="tiny", out_dir=str(tmp_path / name), steps=2, prompts_per_step=2, samples_per_prompt=2,
-                         max_new_tokens=4, eval_every=1, save_every=0, lr=float(name == "a") + 1e-3), toy_task())
+        train(
+            GRPOConfig(
+                model="tiny",
+                out_dir=str(tmp_path / name),
+                steps=2,
+                prompts_per_step=2,
+                samples_per_prompt=2,
+                max_new_tokens=4,
+                eval_every=1,
+                save_every=0,
+                lr=float(name == "a") + 1e-3,
+            ),
+            toy_task(),
+        )
     rows = [{"prompt": f"q{i}", "completion": "aaaa"} for i in range(8)]
     (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sft_train(SFTConfig(model="tiny", data=str(tmp_path / "sft.jsonl"), out_dir=str(tmp_path / "sft"), batch_size=4,
-                        task="", eval_every=1))  # no reward, no accuracy: loss curves
+    sft_train(
+        SFTConfig(
+            model="tiny",
+            data=str(tmp_path / "sft.jsonl"),
+            out_dir=str(tmp_path / "sft"),
+            batch_size=4,
+            task="",
+            eval_every=1,
+        )
+    )  # no reward, no accuracy: loss curves
     png = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_runs([tmp_path / "sft"]).name == "curve.png"
     drawn = [k for f, k, _ in SERIES if _points(_read(tmp_path / "sft" / f"{f}.jsonl"), k)[0]]
     assert "train/loss" in drawn and "eval/nll_per_token" in drawn and "reward/mean" not in drawn
-    r = subprocess.run([sys.executable, "-m", "nanorl.cli", "plot", str(tmp_path / "a"), str(tmp_path / "sft"), "--out",
-                        str(tmp_path / "mixed.png")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nanorl.cli",
+            "plot",
+            str(tmp_path / "a"),
+            str(tmp_path / "sft"),
+            "--out",
+            str(tmp_path / "mixed.png"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and (tmp_path / "mixed.png").is_file(), r.stderr[-2000:]

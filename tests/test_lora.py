@@ -16,8 +16,19 @@ from nanorl.models import load_model, tiny_model_and_tokenizer
 peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.usefixtures("each_backend")  # with backends on and off
 
-SMALL = dict(model="tiny", steps=3, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6, lr=3e-2,
-             warmup_steps=0, eval_every=100, save_every=0, eval_size=4, lora_r=4)
+SMALL = dict(
+    model="tiny",
+    steps=3,
+    prompts_per_step=2,
+    samples_per_prompt=4,
+    max_new_tokens=6,
+    lr=3e-2,
+    warmup_steps=0,
+    eval_every=100,
+    save_every=0,
+    eval_size=4,
+    lora_r=4,
+)
 
 
 def _metrics(path):
@@ -64,14 +75,17 @@ def test_lora_checkpoints_resume_and_an_adapter_folder_continues(tmp_path):
     run = tmp_path / "run"
     train(GRPOConfig(out_dir=str(run), **{**SMALL, "steps": 2, "save_every": 1, "merge_lora": False}), toy_task())
     assert (run / "model" / "adapter_config.json").is_file()  # the adapter alone
-    train(GRPOConfig(out_dir=str(run), resume=True, **{**SMALL, "steps": 3, "save_every": 1, "merge_lora": False}),
-          toy_task())
+    train(
+        GRPOConfig(out_dir=str(run), resume=True, **{**SMALL, "steps": 3, "save_every": 1, "merge_lora": False}),
+        toy_task(),
+    )
     assert (run / "checkpoint" / "adapter_config.json").is_file()
     assert [x["step"] for x in _metrics(run)] == [1, 2, 3]  # step 2 redone after the step-1 checkpoint, once
     model, _ = load_model(str(run / "model"))  # an adapter folder loads as base + adapter
     assert hasattr(model, "peft_config")
-    out = train(GRPOConfig(out_dir=str(tmp_path / "more"), **{**SMALL, "model": str(run / "model"), "lora_r": 0}),
-                toy_task())
+    out = train(
+        GRPOConfig(out_dir=str(tmp_path / "more"), **{**SMALL, "model": str(run / "model"), "lora_r": 0}), toy_task()
+    )
     assert out["steps"] == 3
 
 
@@ -88,11 +102,12 @@ def test_sampler_logprobs_equal_the_learners_with_adapters(tmp_path):
             if "lora_B" in n:
                 p.normal_(std=0.5)  # B starts at 0: give the adapters an effect
     prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"]]
-    roll = generate(model, prompts, 3, SamplingParams(max_new_tokens=8), stop_token_ids(model, tok), seed=0,
-                    pad_id=tok.pad_token_id)
+    roll = generate(
+        model, prompts, 3, SamplingParams(max_new_tokens=8), stop_token_ids(model, tok), seed=0, pad_id=tok.pad_token_id
+    )
     logp, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
     for i, lp in enumerate(roll.logprobs):
-        torch.testing.assert_close(logp[i, :len(lp)].detach(), lp, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logp[i, : len(lp)].detach(), lp, atol=1e-4, rtol=1e-4)
 
 
 def test_dpo_sft_rm_and_ppo_take_lora(tmp_path):
@@ -105,8 +120,18 @@ def test_dpo_sft_rm_and_ppo_take_lora(tmp_path):
     rows = [{"prompt": f"q{i}", "chosen": "aaaa", "rejected": "bbbb"} for i in range(8)]
     data = tmp_path / "prefs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    small = dict(model="tiny", data=str(data), epochs=1, batch_size=4, micro_batch_size=2, lr=1e-2, task="",
-                 warmup_steps=0, lora_r=4, merge_lora=False)
+    small = dict(
+        model="tiny",
+        data=str(data),
+        epochs=1,
+        batch_size=4,
+        micro_batch_size=2,
+        lr=1e-2,
+        task="",
+        warmup_steps=0,
+        lora_r=4,
+        merge_lora=False,
+    )
     dpo_train(DPOConfig(out_dir=str(tmp_path / "dpo"), **small))
     sft_train(SFTConfig(out_dir=str(tmp_path / "sft"), **small))
     for name in ("dpo", "sft"):

@@ -170,6 +170,7 @@ def test_policy_ratio_is_clamped_at_extreme_log_ratios_and_unchanged_inside():
 
 def test_dual_clip_bounds_the_loss_of_negative_advantages():
     """Dual-clip PPO (arXiv 1912.09729, eq. 5), c = 3: for A < 0 the loss is min(max(-A r, -A clip(r)), -A c)."""
+
     def run(ratio, adv, c=3.0):
         logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
         loss, st = policy_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), ONE, 0.2, 0.2, clip_ratio_c=c)
@@ -191,10 +192,14 @@ def test_mismatch_weights_truncate_or_mask_tokens_and_sequences():
     learner, sampler, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     rho = torch.tensor([[math.exp(0.5), math.exp(-1.0)]])  # 1.649, 0.368
     w, st = mismatch_weights(learner, sampler, mask, "token_truncate", 1.5)
-    assert torch.allclose(w, torch.tensor([[1.5, math.exp(-1.0)]])) and torch.equal(st["is_cut"], torch.tensor([[1.0, 0]]))
+    assert torch.allclose(w, torch.tensor([[1.5, math.exp(-1.0)]])) and torch.equal(
+        st["is_cut"], torch.tensor([[1.0, 0]])
+    )
     assert torch.allclose(st["is_ratio"], rho)
     w, st = mismatch_weights(learner, sampler, mask, "token_mask", 2.0)  # band [0.5, 2]
-    assert torch.allclose(w, torch.tensor([[math.exp(0.5), 0.0]])) and torch.equal(st["is_cut"], torch.tensor([[0.0, 1]]))
+    assert torch.allclose(w, torch.tensor([[math.exp(0.5), 0.0]])) and torch.equal(
+        st["is_cut"], torch.tensor([[0.0, 1]])
+    )
     seq = math.exp(-0.5)  # the product of the token ratios: 0.607
     w, _ = mismatch_weights(learner, sampler, mask, "sequence_truncate", 2.0)
     assert torch.allclose(w, torch.full((1, 2), seq))

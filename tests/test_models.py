@@ -47,8 +47,10 @@ def write_tiny_gguf(path, hidden=64, layers=2, heads=4, kv_heads=2, ffn=128):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     rng = np.random.default_rng(0)
 
     def t(name, *shape):
@@ -130,8 +132,10 @@ def test_selected_logprobs_match_log_softmax_in_value_entropy_and_gradient():
         logits64.grad = None
         ref_all = torch.log_softmax(logits64 / T, -1)
         ref_h = -(ref_all.exp() * ref_all).sum(-1)
-        ((ref_h * w2.double()).sum() + ((ref_all.gather(-1, target[:, None]).squeeze(-1) * weight.double()).sum()
-                                        if with_logp else 0)).backward()
+        (
+            (ref_h * w2.double()).sum()
+            + ((ref_all.gather(-1, target[:, None]).squeeze(-1) * weight.double()).sum() if with_logp else 0)
+        ).backward()
         # ours is off by at most 6e-6 here, fp32 torch's own entropy gradient by 2.7e-5
         assert torch.allclose(fast_grad.double(), logits64.grad, atol=1e-5, rtol=1e-5), with_logp
 
@@ -178,8 +182,11 @@ def test_packed_linears_sharing_an_input_give_each_its_own_output_in_any_call_or
 
     torch.manual_seed(0)
     attn = torch.nn.Module()  # q/k/v read one input: the sampler packs them as one (28, 16) weight
-    attn.q_proj, attn.k_proj, attn.v_proj = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 4, bias=False),
-                                             torch.nn.Linear(16, 8))
+    attn.q_proj, attn.k_proj, attn.v_proj = (
+        torch.nn.Linear(16, 16),
+        torch.nn.Linear(16, 4, bias=False),
+        torch.nn.Linear(16, 8),
+    )
     x, x2 = torch.randn(5, 16), torch.randn(2, 3, 16)
     calls = [("q_proj", x), ("k_proj", x), ("v_proj", x2), ("k_proj", x2), ("q_proj", x2), ("v_proj", x)]
     with torch.no_grad(), fast_cpu(attn, pack_weights=True):

@@ -23,9 +23,35 @@ def flags(tmp_path, out, *more) -> list[str]:
     data = tmp_path / "rows.jsonl"
     if not data.exists():
         data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return ["--model", "tiny", "--data", str(data), "--out-dir", str(out), "--report-to", "none", "--epochs", "2",
-            "--batch-size", "5", "--micro-batch-size", "3", "--lr", "3e-3", "--warmup-steps", "1", "--eval-every", "3",
-            "--save-every", "4", "--seed", "3", "--backend", "torch", *more]
+    return [
+        "--model",
+        "tiny",
+        "--data",
+        str(data),
+        "--out-dir",
+        str(out),
+        "--report-to",
+        "none",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "5",
+        "--micro-batch-size",
+        "3",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "1",
+        "--eval-every",
+        "3",
+        "--save-every",
+        "4",
+        "--seed",
+        "3",
+        "--backend",
+        "torch",
+        *more,
+    ]
 
 
 def lines(path) -> list[dict]:
@@ -34,6 +60,7 @@ def lines(path) -> list[dict]:
 
 def stop_at(monkeypatch, step: int) -> None:
     """Send this process SIGTERM while step `step` is being logged, as `kill` would."""
+
     def hook(s, metrics):
         if s == step:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -45,8 +72,9 @@ def stop_at(monkeypatch, step: int) -> None:
 def same_run(a, b) -> None:
     """metrics.jsonl: the same steps with every metric equal, apart from wall-clock times; eval.jsonl and
     results.json's before/after equal; the final weights equal."""
-    strip = [[{k: v for k, v in m.items() if not k.startswith("time/")} for m in lines(d / "metrics.jsonl")]
-             for d in (a, b)]
+    strip = [
+        [{k: v for k, v in m.items() if not k.startswith("time/")} for m in lines(d / "metrics.jsonl")] for d in (a, b)
+    ]
     assert [m["step"] for m in strip[1]] == list(range(1, 11)) and strip[0] == strip[1]
     assert lines(a / "eval.jsonl") == lines(b / "eval.jsonl")
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
@@ -55,12 +83,15 @@ def same_run(a, b) -> None:
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("command, more", [
-    ("dpo", ["--task", "arithmetic", "--eval-size", "2", "--max-new-tokens", "3"]),  # the task's accuracy too
-    ("sft", ["--task", ""]),
-    ("rm", []),
-    ("rm", ["--lora-r", "4"]),  # the checkpoint is an adapter, with the scalar head in it
-])
+@pytest.mark.parametrize(
+    "command, more",
+    [
+        ("dpo", ["--task", "arithmetic", "--eval-size", "2", "--max-new-tokens", "3"]),  # the task's accuracy too
+        ("sft", ["--task", ""]),
+        ("rm", []),
+        ("rm", ["--lora-r", "4"]),  # the checkpoint is an adapter, with the scalar head in it
+    ],
+)
 def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch, command, more):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     main([command, *flags(tmp_path, straight, *more)])

@@ -83,9 +83,23 @@ def test_explained_variance():
 def test_ppo_raises_reward_on_a_toy_task(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    cfg = PPOConfig(model="tiny", out_dir=str(tmp_path), steps=30, prompts_per_step=8, samples_per_prompt=4,
-                    max_new_tokens=8, lr=3e-3, critic_lr=3e-3, kl_coef=0.01, warmup_steps=0, eval_every=100,
-                    save_every=0, target_kl=1.0, epochs=2, minibatch_size=0)
+    cfg = PPOConfig(
+        model="tiny",
+        out_dir=str(tmp_path),
+        steps=30,
+        prompts_per_step=8,
+        samples_per_prompt=4,
+        max_new_tokens=8,
+        lr=3e-3,
+        critic_lr=3e-3,
+        kl_coef=0.01,
+        warmup_steps=0,
+        eval_every=100,
+        save_every=0,
+        target_kl=1.0,
+        epochs=2,
+        minibatch_size=0,
+    )
     train(cfg, toy_task())
     m = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     first, last = sum(x["reward/mean"] for x in m[:5]) / 5, sum(x["reward/mean"] for x in m[-5:]) / 5
@@ -98,8 +112,17 @@ def test_ppo_raises_reward_on_a_toy_task(tmp_path):
 
 
 def test_ppo_resumes_with_its_critic(tmp_path):
-    base = dict(model="tiny", out_dir=str(tmp_path), prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4,
-                lr=1e-3, eval_every=100, save_every=2, minibatch_size=2)
+    base = dict(
+        model="tiny",
+        out_dir=str(tmp_path),
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        max_new_tokens=4,
+        lr=1e-3,
+        eval_every=100,
+        save_every=2,
+        minibatch_size=2,
+    )
     train(PPOConfig(steps=3, is_mode="sequence_mask", clip_ratio_c=3.0, **base), toy_task())
     assert (tmp_path / "checkpoint" / "critic" / "config.json").is_file()  # policy and critic: one folder, one step
     train(PPOConfig(steps=4, resume=True, is_mode="sequence_mask", clip_ratio_c=3.0, **base), toy_task())
@@ -110,7 +133,13 @@ def test_ppo_is_its_own_command_with_its_own_config():
     from nanorl.config import GRPOConfig
 
     cfg = parse_args(PPOConfig, ["--gamma", "0.9", "--kl-coef", "0.05"])
-    assert (cfg.gamma, cfg.kl_coef, cfg.kl_estimator, cfg.samples_per_prompt, cfg.out_dir) == (0.9, 0.05, "k1", 4, "runs/ppo")
+    assert (cfg.gamma, cfg.kl_coef, cfg.kl_estimator, cfg.samples_per_prompt, cfg.out_dir) == (
+        0.9,
+        0.05,
+        "k1",
+        4,
+        "runs/ppo",
+    )
     with pytest.raises(ConfigError, match="nanorl ppo"):  # the old spelling names the new command
         parse_args(GRPOConfig, ["--algo", "ppo"])
     with pytest.raises(ConfigError, match="unknown config key 'gamma'"):  # PPO's fields are not GRPO's

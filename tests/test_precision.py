@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from nanorl import Example, GRPOConfig, Task, train
-from nanorl.data import collate
 from nanorl.backends import Backend, resolve_precision
+from nanorl.data import collate
 from nanorl.logprobs import token_logprobs
 from nanorl.models import load_model, stop_token_ids
 from nanorl.sampling import SamplingParams, generate
@@ -44,8 +44,16 @@ def _mixed_rollout(device):
     model, tok = load_model("tiny", device, torch.float32)
     mixed = Backend(autocast=torch.bfloat16)
     prompts = [tok("hi")["input_ids"], tok("a longer prompt")["input_ids"]]
-    roll = generate(model, prompts, 3, SamplingParams(max_new_tokens=6), stop_token_ids(model, tok), seed=0,
-                    pad_id=tok.pad_token_id, backend=mixed)
+    roll = generate(
+        model,
+        prompts,
+        3,
+        SamplingParams(max_new_tokens=6),
+        stop_token_ids(model, tok),
+        seed=0,
+        pad_id=tok.pad_token_id,
+        backend=mixed,
+    )
     return model, tok, roll, mixed
 
 
@@ -60,7 +68,7 @@ def _check_mixed(device):
     assert logp.dtype == torch.float32  # log-softmax in fp32
     # the sampler's recorded log-probs are the learner's, up to bf16 rounding of different batch shapes
     for i, lp in enumerate(roll.logprobs):
-        assert torch.allclose(logp[i, :len(lp)].detach().cpu(), lp, atol=0.1)
+        assert torch.allclose(logp[i, : len(lp)].detach().cpu(), lp, atol=0.1)
     (logp * batch.loss_mask).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
@@ -81,8 +89,18 @@ def _letter_a(prompt, completion, **_):
 
 def _train_two_steps(tmp_path, device: str, dtype: str):
     task = Task("letter-a", train=[Example(f"q{i}") for i in range(8)], eval=[Example("e0")], reward=_letter_a)
-    cfg = GRPOConfig(model="tiny", steps=2, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6,
-                     device=device, dtype=dtype, eval_every=2, lr=1e-3, out_dir=str(tmp_path / "run"))
+    cfg = GRPOConfig(
+        model="tiny",
+        steps=2,
+        prompts_per_step=2,
+        samples_per_prompt=4,
+        max_new_tokens=6,
+        device=device,
+        dtype=dtype,
+        eval_every=2,
+        lr=1e-3,
+        out_dir=str(tmp_path / "run"),
+    )
     return train(cfg, task)
 
 

@@ -21,30 +21,70 @@ def _jsonl(path, rows):
 def grpo_run(root):
     d = root / "grpo_run"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model": "smollm2-135m", "task": "arithmetic", "algo": "grpo",
-                                               "steps": 9, "lr": 2e-05}))
-    _jsonl(d / "metrics.jsonl", [{"step": s, "reward/mean": s / 10, "policy/entropy": 2 - s / 10,
-                                  "rollout/len_mean": 30 - s, "time/step": 5.0} for s in range(1, 10)])
-    _jsonl(d / "eval.jsonl", [{"step": 0, "eval/greedy_acc": 0.07, "eval/len_mean": 31.125},
-                              {"step": 9, "eval/greedy_acc": 0.74, "eval/len_mean": 11.67}])
-    _jsonl(d / "samples.jsonl", [{"step": s, "prompt": f"What is {s} + {s}?", "completion": f"step {s} says {2 * s}",
-                                  "reward": 1.0, "truncated": False} for s in range(1, 10) for _ in range(2)]
-           + [{"step": 9, "prompt": "evil?", "completion": EVIL, "reward": 0.0, "truncated": True}])
-    _jsonl(d / "eval_samples.jsonl", [{"prompt": "What is 25 + 60?", "completion": "25 + 60 = 95", "reward": 0.0,
-                                       "answer": 85}])
-    (d / "results.json").write_text(json.dumps({"steps": 9, "wall_s": 450.0, "before": {"eval/greedy_acc": 0.07},
-                                                "after": {"eval/greedy_acc": 0.74}}))
+    (d / "config.json").write_text(
+        json.dumps({"model": "smollm2-135m", "task": "arithmetic", "algo": "grpo", "steps": 9, "lr": 2e-05})
+    )
+    _jsonl(
+        d / "metrics.jsonl",
+        [
+            {
+                "step": s,
+                "reward/mean": s / 10,
+                "policy/entropy": 2 - s / 10,
+                "rollout/len_mean": 30 - s,
+                "time/step": 5.0,
+            }
+            for s in range(1, 10)
+        ],
+    )
+    _jsonl(
+        d / "eval.jsonl",
+        [
+            {"step": 0, "eval/greedy_acc": 0.07, "eval/len_mean": 31.125},
+            {"step": 9, "eval/greedy_acc": 0.74, "eval/len_mean": 11.67},
+        ],
+    )
+    _jsonl(
+        d / "samples.jsonl",
+        [
+            {
+                "step": s,
+                "prompt": f"What is {s} + {s}?",
+                "completion": f"step {s} says {2 * s}",
+                "reward": 1.0,
+                "truncated": False,
+            }
+            for s in range(1, 10)
+            for _ in range(2)
+        ]
+        + [{"step": 9, "prompt": "evil?", "completion": EVIL, "reward": 0.0, "truncated": True}],
+    )
+    _jsonl(
+        d / "eval_samples.jsonl",
+        [{"prompt": "What is 25 + 60?", "completion": "25 + 60 = 95", "reward": 0.0, "answer": 85}],
+    )
+    (d / "results.json").write_text(
+        json.dumps(
+            {"steps": 9, "wall_s": 450.0, "before": {"eval/greedy_acc": 0.07}, "after": {"eval/greedy_acc": 0.74}}
+        )
+    )
     return d
 
 
 def dpo_run(root):
     d = root / "dpo_run"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model": "tiny", "data": "builtin:arithmetic", "task": "arithmetic",
-                                               "loss": "ipo", "beta": 0.1}))
+    (d / "config.json").write_text(
+        json.dumps({"model": "tiny", "data": "builtin:arithmetic", "task": "arithmetic", "loss": "ipo", "beta": 0.1})
+    )
     _jsonl(d / "metrics.jsonl", [{"step": s, "train/loss": 0.7 - s / 10, "train/acc": 0.5} for s in (1, 2, 3)])
-    _jsonl(d / "eval.jsonl", [{"step": 0, "eval/loss": 0.6931, "eval/reward_acc": 0.0, "eval/task_greedy_acc": 0.07},
-                              {"step": 3, "eval/loss": 0.1959, "eval/reward_acc": 0.9625, "eval/task_greedy_acc": 0.2}])
+    _jsonl(
+        d / "eval.jsonl",
+        [
+            {"step": 0, "eval/loss": 0.6931, "eval/reward_acc": 0.0, "eval/task_greedy_acc": 0.07},
+            {"step": 3, "eval/loss": 0.1959, "eval/reward_acc": 0.9625, "eval/task_greedy_acc": 0.2},
+        ],
+    )
     (d / "samples.jsonl").write_text("")  # the logger opens it for every command
     return d
 
@@ -53,10 +93,30 @@ def test_grpo_report_has_every_section_and_escapes_completions(tmp_path):
     page = write_report(grpo_run(tmp_path))
     assert page == tmp_path / "grpo_run" / "report.html"
     text = page.read_text()
-    for part in ("<h1>grpo_run</h1>", "nanorl train --algo grpo", "smollm2-135m", "arithmetic", "7.5 min wall time",
-                 "Held-out evaluation", "before (step 0)", "after (step 9)", "eval/greedy_acc", "0.07", "0.74", "0.67",
-                 "Completions during training", "step 1 says 2", "step 9 says 18", "Held-out completions",
-                 "25 + 60 = 95", "Config", "2e-05", "Results", "after.eval/greedy_acc", "450"):
+    for part in (
+        "<h1>grpo_run</h1>",
+        "nanorl train --algo grpo",
+        "smollm2-135m",
+        "arithmetic",
+        "7.5 min wall time",
+        "Held-out evaluation",
+        "before (step 0)",
+        "after (step 9)",
+        "eval/greedy_acc",
+        "0.07",
+        "0.74",
+        "0.67",
+        "Completions during training",
+        "step 1 says 2",
+        "step 9 says 18",
+        "Held-out completions",
+        "25 + 60 = 95",
+        "Config",
+        "2e-05",
+        "Results",
+        "after.eval/greedy_acc",
+        "450",
+    ):
         assert part in text, part
     assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt; &amp; more" in text
     assert "<script" not in text and "http://" not in text and "https://" not in text  # self-contained, no JS
@@ -95,8 +155,18 @@ def test_cli_report_and_its_error(tmp_path, capsys):
     assert e.value.code == 2 and err.startswith("nanorl: error:") and "metrics.jsonl" in err and err.count("\n") == 1
 
 
-CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+CHROMIUM = [
+    "chromium",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def test_report_in_headless_chromium(tmp_path):
@@ -105,11 +175,19 @@ def test_report_in_headless_chromium(tmp_path):
     page = write_report(grpo_run(tmp_path))
     run = [*CHROMIUM, f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*run, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    for part in ("grpo_run", "nanorl train --algo grpo", "Held-out evaluation", "0.74", "step 9 says 18",
-                 "&lt;script&gt;alert(", "Config"):
+    for part in (
+        "grpo_run",
+        "nanorl train --algo grpo",
+        "Held-out evaluation",
+        "0.74",
+        "step 9 says 18",
+        "&lt;script&gt;alert(",
+        "Config",
+    ):
         assert part in dom, part
     assert "<script>alert(" not in dom  # the completion is text, not a script
     png = tmp_path / "shot.png"
-    subprocess.run([*run, f"--screenshot={png}", "--window-size=1200,2000", page.as_uri()], capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        [*run, f"--screenshot={png}", "--window-size=1200,2000", page.as_uri()], capture_output=True, timeout=120
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000

@@ -53,8 +53,13 @@ def test_countdown_reward_right_wrong_malformed_adversarial():
     assert countdown_reward("", "<answer>7 * 4 - 8</answer>", **f) == 0.0  # 8 is not a given number
     assert countdown_reward("", "<answer>(7 - 2) * 4 * 1</answer>", **f) == 0.0  # extra number
     assert countdown_reward("", "<answer>7 + 4 + 2</answer>", **f) == 0.0  # wrong value
-    for bad in ["<answer>__import__('os').system('true')</answer>", "<answer>2 ** 4 + 7</answer>",
-                "<answer>" + "(" * 500 + "2" + ")" * 500 + "</answer>", "<answer>7/(2-2)*4</answer>", ""]:
+    for bad in [
+        "<answer>__import__('os').system('true')</answer>",
+        "<answer>2 ** 4 + 7</answer>",
+        "<answer>" + "(" * 500 + "2" + ")" * 500 + "</answer>",
+        "<answer>7/(2-2)*4</answer>",
+        "",
+    ]:
         assert countdown_reward("", bad, **f) == 0.0
     task = countdown_task(eval_size=50, n_train=200)
     for ex in task.train[:50] + task.eval:  # every generated problem is solvable and held out once

@@ -16,8 +16,19 @@ from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import console_line
 from nanorl.models import tiny_model_and_tokenizer
 
-SMALL = dict(model="tiny", steps=3, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6, lr=1e-2,
-             warmup_steps=0, eval_every=100, save_every=0, eval_size=4, report_to="none")
+SMALL = dict(
+    model="tiny",
+    steps=3,
+    prompts_per_step=2,
+    samples_per_prompt=4,
+    max_new_tokens=6,
+    lr=1e-2,
+    warmup_steps=0,
+    eval_every=100,
+    save_every=0,
+    eval_size=4,
+    report_to="none",
+)
 
 
 def _metrics(path):
@@ -26,8 +37,12 @@ def _metrics(path):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "0.5 points"])
 def test_a_reward_that_is_not_a_finite_number_is_reported_with_its_input(tmp_path, bad):
-    task = Task("bad", train=[Example(f"q{i}") for i in range(8)], eval=[Example("e")],
-                reward=lambda prompt, completion, **_: bad if prompt == "q3" else 0.5)
+    task = Task(
+        "bad",
+        train=[Example(f"q{i}") for i in range(8)],
+        eval=[Example("e")],
+        reward=lambda prompt, completion, **_: bad if prompt == "q3" else 0.5,
+    )
     with pytest.raises(RuntimeError, match="reward 'task'.*prompt 'q3' with completion"):
         train(GRPOConfig(out_dir=str(tmp_path / "raise"), **{**SMALL, "prompts_per_step": 8}), task)
     train(GRPOConfig(out_dir=str(tmp_path / "zero"), reward_errors="zero", **{**SMALL, "prompts_per_step": 8}), task)
@@ -51,16 +66,16 @@ def test_a_non_finite_gradient_skips_the_update_and_leaves_the_weights():
 
 
 def test_a_run_whose_loss_turns_nan_stops_with_its_weights_intact(tmp_path, monkeypatch):
-    import nanorl.update as update
     from transformers import AutoModelForCausalLM
+
+    import nanorl.update as update
 
     loss = update.policy_loss
     monkeypatch.setattr(update, "policy_loss", lambda *a, **k: (loss(*a, **k)[0] * float("nan"), loss(*a, **k)[1]))
     from test_variants import varied_task
 
     with pytest.raises(RuntimeError, match="2 steps in a row"):
-        train(GRPOConfig(out_dir=str(tmp_path), max_bad_steps=2, **{**SMALL, "save_every": 1}),
-              varied_task())
+        train(GRPOConfig(out_dir=str(tmp_path), max_bad_steps=2, **{**SMALL, "save_every": 1}), varied_task())
     m = _metrics(tmp_path)
     assert [x["optim/skipped_updates"] for x in m] == [1, 1]
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint").state_dict()
@@ -68,27 +83,46 @@ def test_a_run_whose_loss_turns_nan_stops_with_its_weights_intact(tmp_path, monk
     assert all(torch.equal(saved[k], v) for k, v in start.items())  # no update ever reached the weights
 
 
-@pytest.mark.parametrize("cls,key,value", [
-    (GRPOConfig, "lr", float("inf")), (GRPOConfig, "lr", float("nan")), (GRPOConfig, "warmup_steps", -1),
-    (GRPOConfig, "top_k", -1), (GRPOConfig, "kl_coef", -0.5), (GRPOConfig, "save_every", -2),
-    (GRPOConfig, "max_bad_steps", -1), (GRPOConfig, "report_to", "console,mlfloww"), (PPOConfig, "value_clip", -1.0),
-    (DPOConfig, "label_smoothing", -0.1), (GRPOConfig, "rm_weight", float("inf")),
-])
+@pytest.mark.parametrize(
+    "cls,key,value",
+    [
+        (GRPOConfig, "lr", float("inf")),
+        (GRPOConfig, "lr", float("nan")),
+        (GRPOConfig, "warmup_steps", -1),
+        (GRPOConfig, "top_k", -1),
+        (GRPOConfig, "kl_coef", -0.5),
+        (GRPOConfig, "save_every", -2),
+        (GRPOConfig, "max_bad_steps", -1),
+        (GRPOConfig, "report_to", "console,mlfloww"),
+        (PPOConfig, "value_clip", -1.0),
+        (DPOConfig, "label_smoothing", -0.1),
+        (GRPOConfig, "rm_weight", float("inf")),
+    ],
+)
 def test_impossible_values_are_refused_naming_the_key(cls, key, value):
     with pytest.raises(ConfigError, match=f"'{key}'"):
         validate(cls(**{key: value}))
 
 
 def test_the_cli_refuses_a_bad_value_in_one_line_before_loading_anything(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "nanorl.cli", "train", "--lr", "inf", "--out-dir", str(tmp_path / "x")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "nanorl.cli", "train", "--lr", "inf", "--out-dir", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.strip() == "nanorl: error: config key 'lr': must be a finite number, got inf"
     assert not (tmp_path / "x").exists()
 
 
 def test_console_line_of_a_step():
-    m = {"reward/mean": 0.34, "reward/acc": 0.3125, "rollout/len_mean": 14.2, "loss/kl": 0.002, "time/step": 7.61,
-         "optim/skipped_updates": 0}
+    m = {
+        "reward/mean": 0.34,
+        "reward/acc": 0.3125,
+        "rollout/len_mean": 14.2,
+        "loss/kl": 0.002,
+        "time/step": 7.61,
+        "optim/skipped_updates": 0,
+    }
     assert console_line(m, 12, 40) == "step 12/40 reward 0.340 acc 0.31 len 14 kl 0.0020 7.6 s"
     m.update({"loss/kl": 0.0, "reward/kl_penalty": 0.0, "optim/skipped_updates": 1})
     assert console_line(m, 3, None) == "step 3 reward 0.340 acc 0.31 len 14 skipped 1 7.6 s"
@@ -96,8 +130,26 @@ def test_console_line_of_a_step():
 
 
 def test_every_step_prints_a_line_when_the_output_is_not_a_terminal(tmp_path):
-    cmd = [sys.executable, "-m", "nanorl.cli", "train", "--model", "tiny", "--steps", "2", "--eval-size", "4",
-           "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "4", "--out-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nanorl.cli",
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--eval-size",
+        "4",
+        "--prompts-per-step",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--out-dir",
+        str(tmp_path),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # a pipe, not a terminal
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in (r.stdout + r.stderr).splitlines() if x.startswith("step ")]
@@ -111,8 +163,7 @@ def test_tensorboard_and_wandb_offline_receive_the_metrics(tmp_path, monkeypatch
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    train(GRPOConfig(out_dir=str(tmp_path), **{**SMALL, "report_to": "tensorboard,wandb", "eval_every": 3}),
-          toy_task())
+    train(GRPOConfig(out_dir=str(tmp_path), **{**SMALL, "report_to": "tensorboard,wandb", "eval_every": 3}), toy_task())
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
@@ -126,8 +177,9 @@ def _same_run(a, b):
     """Every metric of every step equal, apart from wall-clock times and rates."""
     assert [x["step"] for x in a] == [x["step"] for x in b]
     for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if not k.startswith(("time/", "perf/"))} == \
-               {k: v for k, v in y.items() if not k.startswith(("time/", "perf/"))}, x["step"]
+        assert {k: v for k, v in x.items() if not k.startswith(("time/", "perf/"))} == {
+            k: v for k, v in y.items() if not k.startswith(("time/", "perf/"))
+        }, x["step"]
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one_step_for_step(tmp_path):

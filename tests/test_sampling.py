@@ -50,12 +50,19 @@ def test_respects_max_new_tokens_and_stops_at_every_stop_id(tiny):
 def test_sampler_logprobs_equal_model_logprobs(tiny):
     model, tok = tiny
     for temperature in (1.0, 0.7):
-        out = generate(model, _prompts(tok), 3, SamplingParams(max_new_tokens=10, temperature=temperature),
-                       stop_token_ids(model, tok), seed=5, pad_id=tok.pad_token_id)
+        out = generate(
+            model,
+            _prompts(tok),
+            3,
+            SamplingParams(max_new_tokens=10, temperature=temperature),
+            stop_token_ids(model, tok),
+            seed=5,
+            pad_id=tok.pad_token_id,
+        )
         batch = collate(out.prompt_ids, out.completion_ids, tok.pad_token_id, "cpu")
         ref, _ = token_logprobs(model, batch, temperature)
         for i, lp in enumerate(out.logprobs):
-            assert torch.allclose(ref[i, :len(lp)], lp, atol=1e-4)
+            assert torch.allclose(ref[i, : len(lp)], lp, atol=1e-4)
 
 
 def test_generation_config_defaults_do_not_change_sampling(tiny):
@@ -87,10 +94,12 @@ def test_sampled_frequencies_match_the_policy():
     # within 5 standard errors of its probability, and a zero-probability token never drawn
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0]).repeat(40_000, 1)
     gen = torch.Generator().manual_seed(0)
-    for params, probs in ((SamplingParams(temperature=2.0), torch.softmax(logits[0] / 2, -1)),
-                          (SamplingParams(top_k=2), torch.softmax(logits[0, :2], -1))):
+    for params, probs in (
+        (SamplingParams(temperature=2.0), torch.softmax(logits[0] / 2, -1)),
+        (SamplingParams(top_k=2), torch.softmax(logits[0, :2], -1)),
+    ):
         token, lp = sample_token(logits, params, torch.rand(len(logits), 1, generator=gen))
-        freq = torch.bincount(token, minlength=5)[:len(probs)].double() / len(token)
+        freq = torch.bincount(token, minlength=5)[: len(probs)].double() / len(token)
         stderr = (probs * (1 - probs) / len(token)).sqrt()
         assert ((freq - probs).abs() <= 5 * stderr + 1e-12).all(), (freq, probs)
         assert token.max() < len(probs)
@@ -126,6 +135,15 @@ def test_a_prompts_samples_do_not_depend_on_its_batch(tiny):
     both = generate(model, prompts, 3, p, [], seed=seeds, pad_id=tok.pad_token_id)
     half = generate(model, prompts[2:], 3, p, [], seed=seeds[2:], pad_id=tok.pad_token_id)
     assert half.completion_ids == both.completion_ids[6:]
-    assert generate(model, prompts, 3, p, [], seed=5, pad_id=tok.pad_token_id).completion_ids == generate(
-        model, prompts, 3, p, [], seed=[derive_seed(5, i, "prompt") for i in range(len(prompts))],
-        pad_id=tok.pad_token_id).completion_ids
+    assert (
+        generate(model, prompts, 3, p, [], seed=5, pad_id=tok.pad_token_id).completion_ids
+        == generate(
+            model,
+            prompts,
+            3,
+            p,
+            [],
+            seed=[derive_seed(5, i, "prompt") for i in range(len(prompts))],
+            pad_id=tok.pad_token_id,
+        ).completion_ids
+    )

@@ -87,8 +87,10 @@ def test_reward_hacks_score_zero():
 
 
 def test_every_built_in_code_problem_is_solved_by_its_reference():
-    rows = [json.loads(x) for x in (Path(__file__).parents[1] / "nanorl/tasks/data/code_tasks.jsonl").read_text()
-            .splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (Path(__file__).parents[1] / "nanorl/tasks/data/code_tasks.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 40 and len({r["name"] for r in rows}) == 40
     assert score_programs([f"```python\n{r['solution']}```" for r in rows], [r["tests"] for r in rows]) == [1.0] * 40
     task = code_task(eval_size=10)
@@ -127,11 +129,18 @@ def test_huge_output_is_capped():
 
 @root_only
 def test_writes_outside_its_directory_never_reach_the_host(tmp_path):
-    targets = [Path("/tmp/nanorl_sandbox_escape"), Path("/var/tmp/nanorl_sandbox_escape"),
-               Path("/dev/shm/nanorl_sandbox_escape"), Path("/run/lock/nanorl_sandbox_escape"), tmp_path / "escape", Path.home() / "nanorl_sandbox_escape",
-               Path(__file__).parent / "nanorl_sandbox_escape"]
+    targets = [
+        Path("/tmp/nanorl_sandbox_escape"),
+        Path("/var/tmp/nanorl_sandbox_escape"),
+        Path("/dev/shm/nanorl_sandbox_escape"),
+        Path("/run/lock/nanorl_sandbox_escape"),
+        tmp_path / "escape",
+        Path.home() / "nanorl_sandbox_escape",
+        Path(__file__).parent / "nanorl_sandbox_escape",
+    ]
     body = "for p in %r:\n    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass" % [
-        str(t) for t in targets]
+        str(t) for t in targets
+    ]
     assert _attack(body) == 1.0  # the program itself is fine; its writes simply land nowhere
     assert not any(t.exists() for t in targets)
 
@@ -140,9 +149,11 @@ def test_writes_outside_its_directory_never_reach_the_host(tmp_path):
 def test_parent_environment_is_not_readable():
     os.environ["NANORL_TEST_SECRET"] = "s3cret-value"
     try:
-        leak = ("import os\ndef f(x):\n    seen = str(dict(os.environ))\n    for p in ('/proc/%d/environ' % os.getppid(),"
-                " '/proc/1/environ'):\n        try:\n            seen += open(p, 'rb').read().decode('latin1')\n"
-                "        except OSError:\n            pass\n    return x * x if 's3cret-value' in seen else -1")
+        leak = (
+            "import os\ndef f(x):\n    seen = str(dict(os.environ))\n    for p in ('/proc/%d/environ' % os.getppid(),"
+            " '/proc/1/environ'):\n        try:\n            seen += open(p, 'rb').read().decode('latin1')\n"
+            "        except OSError:\n            pass\n    return x * x if 's3cret-value' in seen else -1"
+        )
         assert code_reward("", leak, tests=TESTS) == 0.0
         r = run_python("import os; print(dict(os.environ))", FAST)
         assert "s3cret" not in r.stdout and r.ok
@@ -159,9 +170,11 @@ def test_no_network():
     port = server.getsockname()[1]
     hits = []
     threading.Thread(target=lambda: hits.append(_accept(server)), daemon=True).start()
-    body = ("import socket\nok = False\nfor host in ('127.0.0.1', '8.8.8.8'):\n    try:\n"
-            f"        socket.create_connection((host, {port}), timeout=1)\n        ok = True\n    except OSError:\n"
-            "        pass\ndef f(x):\n    return x * x if ok else 0")
+    body = (
+        "import socket\nok = False\nfor host in ('127.0.0.1', '8.8.8.8'):\n    try:\n"
+        f"        socket.create_connection((host, {port}), timeout=1)\n        ok = True\n    except OSError:\n"
+        "        pass\ndef f(x):\n    return x * x if ok else 0"
+    )
     assert code_reward("", body, tests=TESTS) == 0.0
     time.sleep(0.5)
     assert hits in ([], [None])
@@ -177,6 +190,9 @@ def _accept(server):
 
 @root_only
 def test_cannot_kill_the_trainer():
-    body = f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}, 1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n" \
-           "    except OSError:\n        pass\nraise SystemExit(1)"
+    body = (
+        f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}, 1):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError:\n        pass\nraise SystemExit(1)"
+    )
     assert _attack(body) == 0.0  # and this test process is still here to check it

@@ -17,7 +17,7 @@ EPERM, ENOSYS = launch.RET_ERRNO | launch.EPERM, launch.RET_ERRNO | launch.ENOSY
 def run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
     """What the kernel would answer: a slow reference interpreter for the few classic-BPF instructions used."""
     data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)  # struct seccomp_data
-    ins = [struct.unpack("HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    ins = [struct.unpack("HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     pc, acc = 0, 0
     while True:
         code, jt, jf, k = ins[pc]
@@ -57,6 +57,8 @@ def test_masked_folders_are_the_outermost_inside_the_visible_trees(tmp_path):
     for d in ("lib/python3.11/site-packages/pkg", "lib/python3.11/lib-dynload", "src/checkout/nanorl"):
         (prefix / d).mkdir(parents=True)
     hide = [str(prefix / "src/checkout/nanorl"), str(prefix / "src/checkout"), "/nowhere", str(prefix)]
-    assert launch.masked([str(prefix)], hide) == [str(prefix / "lib/python3.11/site-packages"),
-                                                   str(prefix / "src/checkout")]
+    assert launch.masked([str(prefix)], hide) == [
+        str(prefix / "lib/python3.11/site-packages"),
+        str(prefix / "src/checkout"),
+    ]
     assert launch.visible_trees("/usr") == ["/usr"] and launch.visible_trees(str(prefix)) == ["/usr", str(prefix)]

@@ -20,9 +20,11 @@ def test_sft_loss_is_reply_tokens_only():
     from nanorl.sft import reply_nll
 
     model, tok = tiny_model_and_tokenizer(seed=4)
-    rows = [{"prompt": tok("the prompt")["input_ids"], "chosen": tok("ok!")["input_ids"] + [tok.eos_token_id]},
-            {"prompt": tok("q")["input_ids"], "chosen": tok("a longer reply")["input_ids"] + [tok.eos_token_id]},
-            {"prompt": tok("c")["input_ids"], "chosen": tok("ab")["input_ids"], "weight": [0.0, 1.0]}]  # a turn between
+    rows = [
+        {"prompt": tok("the prompt")["input_ids"], "chosen": tok("ok!")["input_ids"] + [tok.eos_token_id]},
+        {"prompt": tok("q")["input_ids"], "chosen": tok("a longer reply")["input_ids"] + [tok.eos_token_id]},
+        {"prompt": tok("c")["input_ids"], "chosen": tok("ab")["input_ids"], "weight": [0.0, 1.0]},
+    ]  # a turn between
     nll, n = reply_nll(model, rows, tok.pad_token_id, "cpu")
     expect, count = 0.0, 0
     for r in rows:  # reference: a plain forward over prompt + reply, scoring only the trained reply positions
@@ -41,14 +43,28 @@ def test_sft_lowers_reply_nll_and_reads_every_format(tmp_path):
     from nanorl.tasks.preferences import load_replies
 
     rows = [{"prompt": f"q{i}", "completion": "aaaa"} for i in range(12)]
-    rows += [{"messages": [{"role": "user", "content": f"m{i}"}, {"role": "assistant", "content": "aaaa"}]}
-             for i in range(12)]
+    rows += [
+        {"messages": [{"role": "user", "content": f"m{i}"}, {"role": "assistant", "content": "aaaa"}]}
+        for i in range(12)
+    ]
     data = _rows(tmp_path, rows)
     assert [r.chosen or r.turns[-1]["content"] for r in load_replies(data)] == ["aaaa"] * 24
     assert load_replies("builtin:arithmetic")[0].chosen  # a preference file trains on its chosen replies
-    result = train(SFTConfig(model="tiny", data=data, out_dir=str(tmp_path / "run"), epochs=8, batch_size=8,
-                             micro_batch_size=3, lr=1e-2, lr_schedule="constant", task="", warmup_steps=0,
-                             eval_every=100))
+    result = train(
+        SFTConfig(
+            model="tiny",
+            data=data,
+            out_dir=str(tmp_path / "run"),
+            epochs=8,
+            batch_size=8,
+            micro_batch_size=3,
+            lr=1e-2,
+            lr_schedule="constant",
+            task="",
+            warmup_steps=0,
+            eval_every=100,
+        )
+    )
     assert result["after"]["eval/nll_per_token"] < 0.5 * result["before"]["eval/nll_per_token"]
 
 
@@ -56,8 +72,19 @@ def test_reward_model_learns_a_separable_preference(tmp_path):
     from nanorl.reward_model import load_reward_model, rm_scores, train
 
     rows = [{"prompt": f"q{i}", "chosen": "a" * (1 + i % 3), "rejected": "b" * (1 + i % 4)} for i in range(30)]
-    result = train(RMConfig(model="tiny", data=_rows(tmp_path, rows), out_dir=str(tmp_path / "rm"), epochs=4,
-                            batch_size=8, micro_batch_size=5, lr=3e-3, warmup_steps=0, eval_every=100))
+    result = train(
+        RMConfig(
+            model="tiny",
+            data=_rows(tmp_path, rows),
+            out_dir=str(tmp_path / "rm"),
+            epochs=4,
+            batch_size=8,
+            micro_batch_size=5,
+            lr=3e-3,
+            warmup_steps=0,
+            eval_every=100,
+        )
+    )
     assert result["after"]["eval/pref_acc"] == 1.0
     # saved as a Hugging Face sequence-classification model, loaded back as a reward
     rm, tok = load_reward_model(str(tmp_path / "rm" / "model"), "cpu", torch.float32)
@@ -82,7 +109,7 @@ def test_scores_and_values_ignore_padding_and_align_with_reply_tokens():
         v = rm.score(h).squeeze(-1)
         assert torch.allclose(batch_scores[i], v[-1], atol=1e-5)
         n, P = len(replies[i]), len(prompts[i])
-        assert torch.allclose(values[i, :n], v[P - 1:P + n - 1], atol=1e-5)  # V(prompt + reply[:t])
+        assert torch.allclose(values[i, :n], v[P - 1 : P + n - 1], atol=1e-5)  # V(prompt + reply[:t])
         assert torch.equal(values[i, n:], torch.zeros(values.shape[1] - n))
 
 
@@ -92,8 +119,12 @@ def test_rlhf_pipeline_example_runs(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).parents[1] / "examples" / "rlhf_pipeline.py"
-    r = subprocess.run([sys.executable, str(script), "--model", "tiny", "--steps", "2", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(script), "--model", "tiny", "--steps", "2", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[nanorl] pipeline: sft task_greedy_acc" in r.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -103,15 +134,36 @@ def test_rlhf_pipeline_example_runs(tmp_path):
 def test_grpo_mixes_a_reward_model_with_the_rule_reward(tmp_path):
     from test_grpo import toy_task
 
-    from nanorl import GRPOConfig, train as grpo_train
+    from nanorl import GRPOConfig
+    from nanorl import train as grpo_train
     from nanorl.reward_model import train
 
     rows = [{"prompt": f"q{i}", "chosen": "aaa", "rejected": "bbb"} for i in range(10)]
-    train(RMConfig(model="tiny", data=_rows(tmp_path, rows), out_dir=str(tmp_path / "rm"), epochs=1, batch_size=4,
-                   eval_every=100))
-    grpo_train(GRPOConfig(model="tiny", reward_model=str(tmp_path / "rm" / "model"), rm_weight=0.5,
-                          out_dir=str(tmp_path / "run"), steps=2, prompts_per_step=2, samples_per_prompt=4,
-                          max_new_tokens=6, eval_every=100, save_every=0), toy_task())
+    train(
+        RMConfig(
+            model="tiny",
+            data=_rows(tmp_path, rows),
+            out_dir=str(tmp_path / "rm"),
+            epochs=1,
+            batch_size=4,
+            eval_every=100,
+        )
+    )
+    grpo_train(
+        GRPOConfig(
+            model="tiny",
+            reward_model=str(tmp_path / "rm" / "model"),
+            rm_weight=0.5,
+            out_dir=str(tmp_path / "run"),
+            steps=2,
+            prompts_per_step=2,
+            samples_per_prompt=4,
+            max_new_tokens=6,
+            eval_every=100,
+            save_every=0,
+        ),
+        toy_task(),
+    )
     m = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     for x in m:  # reward = 1.0 * task + 0.5 * rm, each part logged
         assert abs(x["reward/mean"] - (x["reward/task_mean"] + 0.5 * x["reward/rm_mean"])) < 1e-5

@@ -17,10 +17,23 @@ ROOT = Path(__file__).parents[1]
 BUDGET, PER_MODULE = 2500, 350
 # What the default run never uses: offline methods, preference and reply readers, reward models, LoRA, FSDP,
 # trackers beyond the console, plot, report, the code sandbox and SQL, and the engines and tools to come.
-OPTIONAL = ("nanorl.dpo", "nanorl.sft", "nanorl.offline", "nanorl.reward_model", "nanorl.tasks.preferences",
-            "nanorl.integrations.lora", "nanorl.backends.fsdp", "nanorl.integrations.trackers",
-            "nanorl.integrations.plot", "nanorl.integrations.report", "nanorl.tasks.sandbox", "nanorl.tasks.code",
-            "nanorl.tasks.sql", "nanorl.tasks.math_answer", "nanorl.tasks.files")
+OPTIONAL = (
+    "nanorl.dpo",
+    "nanorl.sft",
+    "nanorl.offline",
+    "nanorl.reward_model",
+    "nanorl.tasks.preferences",
+    "nanorl.integrations.lora",
+    "nanorl.backends.fsdp",
+    "nanorl.integrations.trackers",
+    "nanorl.integrations.plot",
+    "nanorl.integrations.report",
+    "nanorl.tasks.sandbox",
+    "nanorl.tasks.code",
+    "nanorl.tasks.sql",
+    "nanorl.tasks.math_answer",
+    "nanorl.tasks.files",
+)
 OPTIONAL_WORDS = ("vllm", "engine", "tool", "environment", "agent")  # in a module's name
 OPTIONAL_PACKAGES = ("peft", "vllm", "tensorboard", "wandb", "matplotlib", "trl", "math_verify")
 
@@ -41,20 +54,32 @@ def code_lines(path: Path) -> int:
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value,
-                                                                                                    str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docstrings.update(range(first.lineno, first.end_lineno + 1))
-    return sum(1 for i, line in enumerate(text.splitlines(), 1)
-               if line.strip() and not line.strip().startswith("#") and i not in docstrings)
+    return sum(
+        1
+        for i, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.strip().startswith("#") and i not in docstrings
+    )
 
 
 def default_run(out_dir) -> dict:
     """{"nanorl": {module: file} imported by a default `nanorl train` (tiny model, one step), "others": [names]}."""
-    done = subprocess.run([sys.executable, "-c", RUN, str(out_dir)], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "TQDM_DISABLE": "1"},
+    )
     line = next((x for x in done.stdout.splitlines() if x.startswith("MODULES ")), None)
     assert done.returncode == 0 and line, done.stderr[-3000:]
-    return json.loads(line[len("MODULES "):])
+    return json.loads(line[len("MODULES ") :])
 
 
 def reading_path(modules: dict) -> tuple[list[tuple[int, str]], int, int]:
@@ -85,14 +110,18 @@ def test_optional_features_load_only_when_used(imported):
 
 def test_docstrings_and_comments_are_not_counted(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text('"""Module\n\ndoc."""\n\nimport os  # a comment\n\n\ndef g():\n    """One."""\n    # note\n    return os\n')
+    f.write_text(
+        '"""Module\n\ndoc."""\n\nimport os  # a comment\n\n\ndef g():\n    """One."""\n    # note\n    return os\n'
+    )
     assert code_lines(f) == 3
 
 
 def import_edges(package: Path) -> dict[str, set[str]]:
     """module -> the package's modules it imports (at module level or inside a function), parents excepted."""
-    mods = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
-            for p in package.rglob("*.py")}
+    mods = {
+        ".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package.rglob("*.py")
+    }
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for m, p in mods.items():
         here = m if p.name == "__init__.py" else m.rpartition(".")[0]  # the package a relative import starts from
@@ -119,7 +148,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[m] = 1
         for t in sorted(edges[m]):
             if state.get(t) == 1:
-                return path[path.index(t):] + [t]
+                return path[path.index(t) :] + [t]
             if t not in state and (found := visit(t, path + [t])):
                 return found
         state[m] = 2
@@ -138,8 +167,13 @@ def test_no_import_circles():
 def test_the_core_imports_no_integration_at_module_level():
     for path in (ROOT / "nanorl").glob("*.py"):
         for node in ast.parse(path.read_text()).body:  # module-level statements only
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             bad = [n for n in names if n.startswith("nanorl.integrations")]
             assert not bad, f"{path.name} imports {bad} at module level (import it where the feature is used)"
 
@@ -151,5 +185,7 @@ if __name__ == "__main__":
         rows, core, backends = reading_path(default_run(out)["nanorl"])
     for n, name in rows:
         print(f"{n:5d}  {name}")
-    print(f"reading path: {core} code lines in {len(rows)} modules, backends/ apart: {backends} (budget {BUDGET:,}, "
-          f"at most {PER_MODULE} a module)")
+    print(
+        f"reading path: {core} code lines in {len(rows)} modules, backends/ apart: {backends} (budget {BUDGET:,}, "
+        f"at most {PER_MODULE} a module)"
+    )

@@ -26,8 +26,12 @@ REF = "SELECT name FROM employees WHERE salary > 80000"
 def test_right_wrong_and_malformed_queries(db):
     assert sql_reward("", "```sql\nSELECT name FROM employees WHERE salary > 80000;\n```", db=db, query=REF) == 1.0
     # the same set in another order and with another spelling still matches (no ORDER BY in the reference)
-    assert sql_reward("", "SELECT e.name FROM employees AS e WHERE 80000 < e.salary ORDER BY e.name DESC",
-                      db=db, query=REF) == 1.0
+    assert (
+        sql_reward(
+            "", "SELECT e.name FROM employees AS e WHERE 80000 < e.salary ORDER BY e.name DESC", db=db, query=REF
+        )
+        == 1.0
+    )
     assert sql_reward("", "SELECT name FROM employees WHERE salary >= 60000", db=db, query=REF) == 0.0
     assert sql_reward("", "SELECT name, salary FROM employees WHERE salary > 80000", db=db, query=REF) == 0.0
     assert sql_reward("", "SELEKT name FROM employees", db=db, query=REF) == 0.0
@@ -41,11 +45,18 @@ def test_right_wrong_and_malformed_queries(db):
 
 def test_writes_drops_and_escapes_score_zero_and_change_nothing(db, tmp_path):
     before = _digest(db)
-    attacks = ["DROP TABLE employees", "DELETE FROM employees", "UPDATE employees SET salary = 0",
-               "INSERT INTO departments VALUES (9, 'X', 'Y')", "SELECT 1; DROP TABLE employees",
-               f"ATTACH DATABASE '{tmp_path / 'evil.db'}' AS evil", "PRAGMA writable_schema = ON",
-               "CREATE TABLE t (x)", "VACUUM INTO '/tmp/nanorl_sql_copy.db'",
-               "SELECT load_extension('/tmp/x.so')"]
+    attacks = [
+        "DROP TABLE employees",
+        "DELETE FROM employees",
+        "UPDATE employees SET salary = 0",
+        "INSERT INTO departments VALUES (9, 'X', 'Y')",
+        "SELECT 1; DROP TABLE employees",
+        f"ATTACH DATABASE '{tmp_path / 'evil.db'}' AS evil",
+        "PRAGMA writable_schema = ON",
+        "CREATE TABLE t (x)",
+        "VACUUM INTO '/tmp/nanorl_sql_copy.db'",
+        "SELECT load_extension('/tmp/x.so')",
+    ]
     for sql in attacks:
         assert sql_reward("", sql, db=db, query=REF) == 0.0, sql
     assert _digest(db) == before
@@ -78,8 +89,11 @@ def _rss_mb() -> float:
 
 def test_memory_bombs_fail_in_their_own_process(db):
     before = _rss_mb()
-    for bomb in ("SELECT zeroblob(400000000)", "SELECT hex(randomblob(100000000)) LIKE '%a%'",
-                 "SELECT length(group_concat(hex(zeroblob(1000000)))) FROM employees, employees, employees"):
+    for bomb in (
+        "SELECT zeroblob(400000000)",
+        "SELECT hex(randomblob(100000000)) LIKE '%a%'",
+        "SELECT length(group_concat(hex(zeroblob(1000000)))) FROM employees, employees, employees",
+    ):
         t0 = time.perf_counter()
         assert sql_reward("", bomb, db=db, query=REF, timeout_s=1.0) == 0.0, bomb
         assert time.perf_counter() - t0 < 1.0 + sql_module.KILL_GRACE_S + 1.0
@@ -104,8 +118,19 @@ def test_results_are_capped(db):
     assert sql_reward("", many, db=db, query=REF) == 0.0
 
 
-@pytest.mark.parametrize("out", ["", "junk", "[1, 2]", '{"rows": 5}', '{"rows": [[["i", "x"]]]}',
-                                 '{"rows": [[["?", 1]]]}', '{"rows": [1]}', "[" * 100000])
+@pytest.mark.parametrize(
+    "out",
+    [
+        "",
+        "junk",
+        "[1, 2]",
+        '{"rows": 5}',
+        '{"rows": [[["i", "x"]]]}',
+        '{"rows": [[["?", 1]]]}',
+        '{"rows": [1]}',
+        "[" * 100000,
+    ],
+)
 def test_malformed_worker_output_scores_zero_and_is_counted(db, tmp_path, monkeypatch, out):
     with pytest.raises(Malformed):
         parse_rows(out, 10)

@@ -12,8 +12,22 @@ import torch
 
 from nanorl.cli import main
 
-TINY = ["--model", "tiny", "--report-to", "none", "--backend", "torch", "--prompts-per-step", "2",
-        "--samples-per-prompt", "2", "--max-new-tokens", "4", "--eval-size", "2"]
+TINY = [
+    "--model",
+    "tiny",
+    "--report-to",
+    "none",
+    "--backend",
+    "torch",
+    "--prompts-per-step",
+    "2",
+    "--samples-per-prompt",
+    "2",
+    "--max-new-tokens",
+    "4",
+    "--eval-size",
+    "2",
+]
 
 
 def lines(path) -> list[dict]:
@@ -21,9 +35,16 @@ def lines(path) -> list[dict]:
 
 
 def test_a_second_run_on_the_same_folder_is_refused(tmp_path, capsys):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom nanorl.checkpoint import lock\n"
-                               f"lock({str(tmp_path / 'run')!r}); print('locked', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom nanorl.checkpoint import lock\n"
+            f"lock({str(tmp_path / 'run')!r}); print('locked', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(SystemExit) as e:
@@ -35,16 +56,36 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path, capsys):
         holder.wait()
     main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])  # the lock went with its process
     main(["train", *TINY, "--out-dir", str(tmp_path / "run"), "--steps", "1"])  # and this process may run again
-    other = subprocess.run([sys.executable, "-c", "from nanorl.checkpoint import lock\n"
-                            f"lock({str(tmp_path / 'run')!r}); print('locked')"], capture_output=True, text=True)
+    other = subprocess.run(
+        [sys.executable, "-c", f"from nanorl.checkpoint import lock\nlock({str(tmp_path / 'run')!r}); print('locked')"],
+        capture_output=True,
+        text=True,
+    )
     assert other.stdout.strip() == "locked", other.stderr[-500:]  # a finished run lets the folder go
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_finishes_the_step_writes_a_checkpoint_and_resume_continues(tmp_path, sig, code):
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "nanorl.cli", "train", *TINY, "--out-dir", str(out), "--steps", "500",
-                            "--save-every", "0", "--eval-every", "1000"], stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nanorl.cli",
+            "train",
+            *TINY,
+            "--out-dir",
+            str(out),
+            "--steps",
+            "500",
+            "--save-every",
+            "0",
+            "--eval-every",
+            "1000",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while len(lines(out / "metrics.jsonl")) < 2 and time.time() < deadline and run.poll() is None:
         time.sleep(0.05)
@@ -55,8 +96,22 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_resume_continues(tmp
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
     assert 2 <= done < 500 and state["step"] == done  # the checkpoint is of the last logged step
     assert f"stopped by {sig.name} after step {done}" in err and "--resume true" in err
-    main(["train", *TINY, "--out-dir", str(out), "--steps", str(done + 2), "--save-every", "0", "--eval-every",
-          "1000", "--resume", "true"])
+    main(
+        [
+            "train",
+            *TINY,
+            "--out-dir",
+            str(out),
+            "--steps",
+            str(done + 2),
+            "--save-every",
+            "0",
+            "--eval-every",
+            "1000",
+            "--resume",
+            "true",
+        ]
+    )
     assert [m["step"] for m in lines(out / "metrics.jsonl")] == list(range(1, done + 3))  # every step once
 
 
@@ -102,10 +157,30 @@ def test_a_run_stopped_in_its_last_step_reports_its_final_evaluation_on_resume(t
     from nanorl.grpo import train
 
     out = tmp_path / "run"
-    (tmp_path / "r.py").write_text("def digits(completions, **kw):  # the tiny model's samples differ on it\n"
-                                   "    return [sum(c.isdigit() for c in s) / max(len(s), 1) for s in completions]\n")
-    args = ["--model", "tiny", "--report-to", "none", "--out-dir", str(out), "--steps", "3", "--eval-every", "1",
-            "--lr", "3e-2", "--save-every", "0", "--reward", f"{tmp_path / 'r.py'}:digits", "--max-new-tokens", "8"]
+    (tmp_path / "r.py").write_text(
+        "def digits(completions, **kw):  # the tiny model's samples differ on it\n"
+        "    return [sum(c.isdigit() for c in s) / max(len(s), 1) for s in completions]\n"
+    )
+    args = [
+        "--model",
+        "tiny",
+        "--report-to",
+        "none",
+        "--out-dir",
+        str(out),
+        "--steps",
+        "3",
+        "--eval-every",
+        "1",
+        "--lr",
+        "3e-2",
+        "--save-every",
+        "0",
+        "--reward",
+        f"{tmp_path / 'r.py'}:digits",
+        "--max-new-tokens",
+        "8",
+    ]
 
     def stop_at_the_end(step, metrics):
         if step == 3:
@@ -130,14 +205,34 @@ def test_a_resume_with_no_step_left_evaluates_weights_newer_than_its_last_evalua
     from nanorl.grpo import train
 
     out = tmp_path / "run"
-    (tmp_path / "r.py").write_text("def digits(completions, **kw):\n"
-                                   "    return [sum(c.isdigit() for c in s) / max(len(s), 1) for s in completions]\n")
-    args = ["--model", "tiny", "--report-to", "none", "--out-dir", str(out), "--eval-every", "3", "--lr", "3e-2",
-            "--save-every", "1", "--reward", f"{tmp_path / 'r.py'}:digits", "--max-new-tokens", "8"]
+    (tmp_path / "r.py").write_text(
+        "def digits(completions, **kw):\n"
+        "    return [sum(c.isdigit() for c in s) / max(len(s), 1) for s in completions]\n"
+    )
+    args = [
+        "--model",
+        "tiny",
+        "--report-to",
+        "none",
+        "--out-dir",
+        str(out),
+        "--eval-every",
+        "3",
+        "--lr",
+        "3e-2",
+        "--save-every",
+        "1",
+        "--reward",
+        f"{tmp_path / 'r.py'}:digits",
+        "--max-new-tokens",
+        "8",
+    ]
     train(parse_args(GRPOConfig, args + ["--steps", "5"]))
     assert [e["step"] for e in lines(out / "eval.jsonl")] == [0, 3, 5]
     assert (out / "checkpoint" / "step").read_text() == "4"
-    with pytest.raises(ConfigError, match=r"config key 'steps': 3 is below the step of the checkpoint being resumed \(4"):
+    with pytest.raises(
+        ConfigError, match=r"config key 'steps': 3 is below the step of the checkpoint being resumed \(4"
+    ):
         train(parse_args(GRPOConfig, args + ["--steps", "3", "--resume", "true"]))  # it would report 3 steps run
     result = train(parse_args(GRPOConfig, args + ["--steps", "4", "--resume", "true"]))
     evals = lines(out / "eval.jsonl")

@@ -52,8 +52,11 @@ def test_bad_data_is_a_clear_error(tmp_path):
 
 def test_gsm8k_loader(tmp_path):
     f = tmp_path / "gsm8k.jsonl"
-    f.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"steps <<1+1=2>>\n#### {i},000"}) + "\n"
-                         for i in range(1, 9)))
+    f.write_text(
+        "".join(
+            json.dumps({"question": f"Q{i}?", "answer": f"steps <<1+1=2>>\n#### {i},000"}) + "\n" for i in range(1, 9)
+        )
+    )
     task = get_task(f"gsm8k:{f}", eval_size=2)
     ex = task.train[0]
     assert ex.fields["answer"].endswith(",000")

@@ -41,8 +41,17 @@ def step_and_ids(completion_ids, trainer_state, **kwargs):  # no `completions`: 
 
 def test_trl_reward_functions_score_batches_as_trl_calls_them():
     rows = [Example("q1", {"ground_truth": "4", "task": "math"}), Example("q2", {"ground_truth": "5", "task": "code"})]
-    task = Task("t", train=rows, eval=rows, reward=[("len", reward_len, 1.0), ("boxed", reward_func, 2.0),
-                                                     ("math", math_only, 1.0), ("state", step_and_ids, 0.0)])
+    task = Task(
+        "t",
+        train=rows,
+        eval=rows,
+        reward=[
+            ("len", reward_len, 1.0),
+            ("boxed", reward_func, 2.0),
+            ("math", math_only, 1.0),
+            ("state", step_and_ids, 0.0),
+        ],
+    )
     task.check()
     completions = ["so \\boxed{4}", "x" * 20]
     parts, total, errors = task.score_parts(rows, completions, completion_ids=[[1, 2], [3]], step=7)
@@ -55,8 +64,12 @@ def test_trl_reward_functions_score_batches_as_trl_calls_them():
     t2 = Task("c", train=chat, eval=[], reward=format_reward_func)
     assert t2.score(chat, ["<think>a</think><answer>b</answer>"]) == [1.0]
     # nanorl's per-sample form keeps working beside them
-    t3 = Task("n", train=rows, eval=[], reward=[("mine", lambda p, c, **f: float(c == f["ground_truth"]), 1.0),
-                                                 ("len", reward_len, 1.0)])
+    t3 = Task(
+        "n",
+        train=rows,
+        eval=[],
+        reward=[("mine", lambda p, c, **f: float(c == f["ground_truth"]), 1.0), ("len", reward_len, 1.0)],
+    )
     assert t3.score(rows, ["4", "6"]) == [1.0 - 19, -19.0]
 
 
@@ -83,7 +96,8 @@ def test_rewards_that_fail_for_a_reason_not_the_sample_stop_the_run_whatever_rew
         return [1 / len(c) for c in completions]
 
     parts, total, errors = Task("t", train=rows, eval=rows, reward=flaky, on_error="zero").score_parts(
-        rows * 3, ["ab", "", "a"])
+        rows * 3, ["ab", "", "a"]
+    )
     assert total == [0.5, 0.0, 1.0] and errors == 1
     with pytest.raises(RuntimeError, match="completion ''"):
         Task("t", train=rows, eval=rows, reward=flaky).score(rows * 3, ["ab", "", "a"])
@@ -97,11 +111,28 @@ def test_rewards_that_fail_for_a_reason_not_the_sample_stop_the_run_whatever_rew
 
 
 def test_trl_names_are_aliases_and_near_misses_get_a_suggestion(tmp_path):
-    cfg = from_dict(GRPOConfig, {"num_generations": 4, "max_completion_length": 16, "beta": 0.04, "epsilon": 0.3,
-                                 "learning_rate": 1e-6, "loss_type": "dr_grpo", "scale_rewards": False,
-                                 "num_iterations": 2, "importance_sampling_level": "sequence"})
-    assert (cfg.samples_per_prompt, cfg.max_new_tokens, cfg.kl_coef, cfg.clip_low, cfg.clip_high, cfg.lr) == \
-        (4, 16, 0.04, 0.3, 0.3, 1e-6)  # TRL's epsilon_high defaults to epsilon
+    cfg = from_dict(
+        GRPOConfig,
+        {
+            "num_generations": 4,
+            "max_completion_length": 16,
+            "beta": 0.04,
+            "epsilon": 0.3,
+            "learning_rate": 1e-6,
+            "loss_type": "dr_grpo",
+            "scale_rewards": False,
+            "num_iterations": 2,
+            "importance_sampling_level": "sequence",
+        },
+    )
+    assert (cfg.samples_per_prompt, cfg.max_new_tokens, cfg.kl_coef, cfg.clip_low, cfg.clip_high, cfg.lr) == (
+        4,
+        16,
+        0.04,
+        0.3,
+        0.3,
+        1e-6,
+    )  # TRL's epsilon_high defaults to epsilon
     assert (cfg.loss_agg, cfg.scale_adv_by_std, cfg.epochs, cfg.ratio_level) == ("constant", False, 2, "sequence")
     cfg = from_dict(GRPOConfig, {"epsilon": 0.2, "epsilon_high": 0.28})
     assert (cfg.clip_low, cfg.clip_high) == (0.2, 0.28)
@@ -162,24 +193,39 @@ def test_every_data_format_datasets_reads(tmp_path):
 
 def test_preference_and_sft_formats(tmp_path):
     from nanorl.hub import tiny_model_and_tokenizer
-    from nanorl.tasks.preferences import encode_sft
-    from nanorl.tasks.preferences import load_preferences, load_replies
+    from nanorl.tasks.preferences import encode_sft, load_preferences, load_replies
 
     user = [{"role": "user", "content": "hi"}]
-    prefs = _write(tmp_path / "p.jsonl", [
-        {"prompt": user, "chosen": [{"role": "assistant", "content": "hello"}],
-         "rejected": [{"role": "assistant", "content": "go"}]},                     # explicit, conversational
-        {"chosen": user + [{"role": "assistant", "content": "hey"}],
-         "rejected": user + [{"role": "assistant", "content": "no"}]},              # implicit, conversational
-        {"chosen": "The sky is blue.", "rejected": "The sky is green."},           # implicit, standard
-    ])
+    prefs = _write(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "prompt": user,
+                "chosen": [{"role": "assistant", "content": "hello"}],
+                "rejected": [{"role": "assistant", "content": "go"}],
+            },  # explicit, conversational
+            {
+                "chosen": user + [{"role": "assistant", "content": "hey"}],
+                "rejected": user + [{"role": "assistant", "content": "no"}],
+            },  # implicit, conversational
+            {"chosen": "The sky is blue.", "rejected": "The sky is green."},  # implicit, standard
+        ],
+    )
     got = load_preferences(prefs)
     assert [(p.prompt, p.chosen, p.rejected) for p in got] == [
-        (user, "hello", "go"), (user, "hey", "no"), ("The sky is", " blue.", " green.")]
-    convo = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "XY"},
-             {"role": "user", "content": "b"}, {"role": "assistant", "content": "ZW"}]
-    sft = _write(tmp_path / "s.jsonl", [{"messages": convo}, {"text": "plain words"},
-                                        {"prompt": "p", "completion": "c"}])
+        (user, "hello", "go"),
+        (user, "hey", "no"),
+        ("The sky is", " blue.", " green."),
+    ]
+    convo = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "XY"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "ZW"},
+    ]
+    sft = _write(
+        tmp_path / "s.jsonl", [{"messages": convo}, {"text": "plain words"}, {"prompt": "p", "completion": "c"}]
+    )
     pairs = load_replies(sft)
     _, tok = tiny_model_and_tokenizer()
     rows = encode_sft(tok, pairs, SFTConfig(max_length=256))
@@ -195,25 +241,69 @@ def test_trl_datasets_and_rewards_through_the_cli(tmp_path, capsys):
     helper = tmp_path / "helpers.py"
     helper.write_text("def score(text):\n    return float('4' in text)\n")
     rewards = tmp_path / "my_rewards.py"
-    rewards.write_text("from helpers import score  # a module beside the reward file\n\n\n"
-                       "def accuracy(completions, solution, **kwargs):\n"
-                       "    return [score(c[0]['content']) if s == '4' else 0.0 for c, s in zip(completions, solution)]\n")
+    rewards.write_text(
+        "from helpers import score  # a module beside the reward file\n\n\n"
+        "def accuracy(completions, solution, **kwargs):\n"
+        "    return [score(c[0]['content']) if s == '4' else 0.0 for c, s in zip(completions, solution)]\n"
+    )
     rows = [{"prompt": [{"role": "user", "content": f"2 + 2 = ? ({i})"}], "solution": "4"} for i in range(8)]
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                          "test": datasets.Dataset.from_list(rows[:2])}).save_to_disk(str(tmp_path / "ds"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:2])}
+    ).save_to_disk(str(tmp_path / "ds"))
     out = tmp_path / "run"
-    main(["train", "--model", "tiny", "--task", str(tmp_path / "ds"), "--reward", f"{rewards}:accuracy",
-          "--num_generations", "2", "--max_completion_length", "4", "--max_steps", "2", "--prompts-per-step", "2",
-          "--out-dir", str(out), "--report-to", "none", "--backend", "torch"])
+    main(
+        [
+            "train",
+            "--model",
+            "tiny",
+            "--task",
+            str(tmp_path / "ds"),
+            "--reward",
+            f"{rewards}:accuracy",
+            "--num_generations",
+            "2",
+            "--max_completion_length",
+            "4",
+            "--max_steps",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--out-dir",
+            str(out),
+            "--report-to",
+            "none",
+            "--backend",
+            "torch",
+        ]
+    )
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and "reward/accuracy_mean" in lines[0]
-    assert len(json.loads((out / "eval_samples.jsonl").read_text().splitlines()[0])) and \
-        len((out / "eval_samples.jsonl").read_text().splitlines()) == 2  # the test split was the held-out set
+    assert (
+        len(json.loads((out / "eval_samples.jsonl").read_text().splitlines()[0]))
+        and len((out / "eval_samples.jsonl").read_text().splitlines()) == 2
+    )  # the test split was the held-out set
     for split in ("dpo", "sft"):  # Parquet data for the offline commands
         prefs = [{"prompt": f"q{i}", "chosen": "a", "rejected": "b", "completion": "a"} for i in range(6)]
         datasets.Dataset.from_list(prefs).to_parquet(str(tmp_path / "p.parquet"))
-        main([split, "--model", "tiny", "--data", str(tmp_path / "p.parquet"), "--task", "", "--num_train_epochs",
-              "1", "--out-dir", str(tmp_path / split), "--report-to", "none", "--backend", "torch"])
+        main(
+            [
+                split,
+                "--model",
+                "tiny",
+                "--data",
+                str(tmp_path / "p.parquet"),
+                "--task",
+                "",
+                "--num_train_epochs",
+                "1",
+                "--out-dir",
+                str(tmp_path / split),
+                "--report-to",
+                "none",
+                "--backend",
+                "torch",
+            ]
+        )
         assert (tmp_path / split / "model").is_dir()
     with pytest.raises(SystemExit):
         main(["train", "--model", "tiny", "--per_device_train_batch_size", "4"])
@@ -227,10 +317,24 @@ def test_train_from_python_takes_a_model_a_dataset_rewards_and_callbacks(tmp_pat
     model, tok = tiny_model_and_tokenizer()
     ds = datasets.Dataset.from_list([{"prompt": f"say {i}", "answer": i} for i in range(8)])
     seen = []
-    result = train(GRPOConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4, eval_size=2,
-                              kl_coef=0.1, out_dir=str(tmp_path / "run"), report_to="none", backend="torch"),
-                   ds, model=model, tokenizer=tok, reward_funcs=reward_len,  # one function, as TRL allows
-                   callbacks=[lambda step, metrics: seen.append((step, metrics["reward/mean"]))])
+    result = train(
+        GRPOConfig(
+            steps=2,
+            prompts_per_step=2,
+            samples_per_prompt=2,
+            max_new_tokens=4,
+            eval_size=2,
+            kl_coef=0.1,
+            out_dir=str(tmp_path / "run"),
+            report_to="none",
+            backend="torch",
+        ),
+        ds,
+        model=model,
+        tokenizer=tok,
+        reward_funcs=reward_len,  # one function, as TRL allows
+        callbacks=[lambda step, metrics: seen.append((step, metrics["reward/mean"]))],
+    )
     assert [s for s, _ in seen] == [1, 2] and result["steps"] == 2
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["task"] == "python:Dataset" and saved["reward"] == "reward_len"
@@ -238,21 +342,28 @@ def test_train_from_python_takes_a_model_a_dataset_rewards_and_callbacks(tmp_pat
     tok.eos_token = None
     tok.pad_token = None
     with pytest.raises(ConfigError, match="no EOS token"):
-        train(GRPOConfig(steps=1, out_dir=str(tmp_path / "r2"), report_to="none"), ds, model=model, tokenizer=tok,
-              reward_funcs=[reward_len])
+        train(
+            GRPOConfig(steps=1, out_dir=str(tmp_path / "r2"), report_to="none"),
+            ds,
+            model=model,
+            tokenizer=tok,
+            reward_funcs=[reward_len],
+        )
 
 
 def test_accuracy_threshold_for_rewards_that_are_not_0_or_1():
     from nanorl.evaluate import evaluate
     from nanorl.hub import tiny_model_and_tokenizer
     from nanorl.models import stop_token_ids
-    from nanorl.sampling import LocalSampler
+    from nanorl.sampling import LocalSampler, SamplingParams
 
     model, tok = tiny_model_and_tokenizer()
     rows = [Example(f"q{i}") for i in range(4)]
     for threshold, acc in ((1.0, 0.0), (0.5, 1.0)):
         task = Task("half", train=rows, eval=rows, reward=lambda p, c, **f: 0.5, acc_threshold=threshold)
-        metrics, _ = evaluate(LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id), tok, task, 4)
+        metrics, _ = evaluate(
+            LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id), tok, task, SamplingParams(4)
+        )
         assert metrics["eval/greedy_acc"] == acc and metrics["eval/greedy_reward"] == 0.5
 
 
@@ -268,23 +379,47 @@ def test_migration_page_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "prompts.jsonl", [{"prompt": f"Say something about {i}."} for i in range(8)])
     _write(tmp_path / "prefs.jsonl", [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(8)])
-    _write(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": f"u{i}"},
-                                                   {"role": "assistant", "content": "a"},
-                                                   {"role": "user", "content": "more"},
-                                                   {"role": "assistant", "content": "b"}]} for i in range(8)])
+    _write(
+        tmp_path / "chat.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": f"u{i}"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": "user", "content": "more"},
+                    {"role": "assistant", "content": "b"},
+                ]
+            }
+            for i in range(8)
+        ],
+    )
     (tmp_path / "my_rewards.py").write_text(re.search(r"def reward_len.*?\n\n", blocks[0], re.S).group(0))
-    small = {'"smollm2-135m"': '"tiny"', '"report_to"': '"report_to"',
-             '"max_steps": 40': '"max_steps": 2, "prompts_per_step": 2, "eval_size": 2, "report_to": "none"',
-             '"num_train_epochs": 1': '"num_train_epochs": 1, "task": "", "batch_size": 4, "report_to": "none"'}
+    small = {
+        '"smollm2-135m"': '"tiny"',
+        '"report_to"': '"report_to"',
+        '"max_steps": 40': '"max_steps": 2, "prompts_per_step": 2, "eval_size": 2, "report_to": "none"',
+        '"num_train_epochs": 1': '"num_train_epochs": 1, "task": "", "batch_size": 4, "report_to": "none"',
+    }
     for block in blocks:
         for old, new in small.items():
             block = block.replace(old, new)
         exec(compile(block, "docs/trl.md", "exec"), {})
     for out in ("runs/nanorl-grpo", "runs/nanorl-dpo", "runs/nanorl-sft"):
         assert (tmp_path / out / "model").is_dir() and (tmp_path / out / "metrics.jsonl").is_file(), out
-    argv = shlex.split(shell[0].replace("\\\n", " "))[1:] + ["--model", "tiny", "--prompts-per-step", "2",
-                                                             "--eval-size", "2", "--report-to", "none",
-                                                             "--max_steps", "2", "--output_dir", "runs/cli"]
+    argv = shlex.split(shell[0].replace("\\\n", " "))[1:] + [
+        "--model",
+        "tiny",
+        "--prompts-per-step",
+        "2",
+        "--eval-size",
+        "2",
+        "--report-to",
+        "none",
+        "--max_steps",
+        "2",
+        "--output_dir",
+        "runs/cli",
+    ]
     main(argv)
     assert len((tmp_path / "runs/cli/metrics.jsonl").read_text().splitlines()) == 2
 
@@ -299,23 +434,29 @@ def test_review_cases_none_nan_duplicates_every_sample_failing_and_trainer_state
 
     def ten(completions, **kwargs):
         return [10.0] * len(completions)
+
     ten.__name__ = "one"  # two rewards of one name: each keeps its own metric, the total counts both
-    parts, total, _ = Task("t", train=rows, eval=rows, reward=parse_reward_spec([one, ten])).score_parts(rows, ["a"] * 3)
+    parts, total, _ = Task("t", train=rows, eval=rows, reward=parse_reward_spec([one, ten])).score_parts(
+        rows, ["a"] * 3
+    )
     assert sorted(parts) == ["one", "one_2"] and total == [11.0] * 3
     assert parse_reward_spec(one)[0][0] == "one"  # a single callable, as TRL allows
 
     def missing_column(completions, **kwargs):
         return [float(kwargs["solution"])] * len(completions)
+
     with pytest.raises(RewardSetupError, match="every completion"):  # not the samples' fault, even with zero
         Task("t", train=rows, eval=rows, reward=missing_column, on_error="zero").score(rows, ["a", "b", "c"])
 
     def garbage_is_fine(prompt, completion, **f):
         return float(int(completion))  # ValueError on text: the samples' fault, scored 0 under zero
+
     garbage = Task("t", train=rows, eval=rows, reward=garbage_is_fine, on_error="zero")
     assert garbage.score(rows, ["x", "y", "z"]) == [0.0] * 3
 
     def curriculum(completions, trainer_state, **kwargs):
         return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
+
     assert Task("t", train=rows, eval=rows, reward=curriculum).score(rows, ["a"] * 3) == [0.0] * 3  # no 0 division
 
 
@@ -323,7 +464,9 @@ def test_trl_own_rewards_when_trl_is_installed(tmp_path):
     """`--reward trl.rewards:accuracy_reward` with TRL installed (skipped without it; seen with trl 1.16.0)."""
     pytest.importorskip("trl.rewards")
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "solution": f"${i + 1}$"} for i in range(4)]
-    task = get_task(datasets.Dataset.from_list(rows), reward="trl.rewards:accuracy_reward,trl.rewards:think_format_reward")
+    task = get_task(
+        datasets.Dataset.from_list(rows), reward="trl.rewards:accuracy_reward,trl.rewards:think_format_reward"
+    )
     ex = task.train[:2]
     right = f"<think>x</think>\\boxed{{{ex[0].fields['solution'][1:-1]}}}"
     parts, total, _ = task.score_parts(ex, [right, "no"])
@@ -349,5 +492,6 @@ def test_a_batched_reward_returning_numpy_scores_in_one_call():
     lengths.batch = batch
     rows = [Example("p", {})] * 3
     parts, total, errors = Task("t", train=rows, eval=rows, reward=[("len", lengths, 1.0)]).score_parts(
-        rows, ["a", "bb", "ccc"])
+        rows, ["a", "bb", "ccc"]
+    )
     assert parts == {"len": [1.0, 2.0, 3.0]} and total == [1.0, 2.0, 3.0] and calls == [3]

@@ -16,15 +16,28 @@ from nanorl.update import learner_logprobs, policy_backward
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every loop test with backends on and off
 
-SMALL = dict(model="tiny", steps=2, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6, lr=1e-2,
-             warmup_steps=0, eval_every=100, save_every=0)
+SMALL = dict(
+    model="tiny",
+    steps=2,
+    prompts_per_step=2,
+    samples_per_prompt=4,
+    max_new_tokens=6,
+    lr=1e-2,
+    warmup_steps=0,
+    eval_every=100,
+    save_every=0,
+)
 
 
 def varied_task():
     """A reward that differs between almost any two random completions (the share of lowercase letters),
     so every step has groups with signal whatever the sampler draws."""
-    return Task("lowercase", train=[Example(f"q{i}") for i in range(40)], eval=[Example(f"e{i}") for i in range(4)],
-                reward=lambda prompt, completion, **_: sum(c.islower() for c in completion) / max(len(completion), 1))
+    return Task(
+        "lowercase",
+        train=[Example(f"q{i}") for i in range(40)],
+        eval=[Example(f"e{i}") for i in range(4)],
+        reward=lambda prompt, completion, **_: sum(c.islower() for c in completion) / max(len(completion), 1),
+    )
 
 
 def _metrics(out_dir):
@@ -76,8 +89,9 @@ def _half_flat_reward(prompt, completion, **_):
 
 
 def test_dynamic_sampling_trains_only_on_groups_with_variance(tmp_path):
-    task = Task("half-flat", train=[Example(f"q{i}") for i in range(40)], eval=[Example("q0")],
-                reward=_half_flat_reward)
+    task = Task(
+        "half-flat", train=[Example(f"q{i}") for i in range(40)], eval=[Example("q0")], reward=_half_flat_reward
+    )
     train(GRPOConfig(out_dir=str(tmp_path), dynamic_sampling=3, **{**SMALL, "steps": 4}), task)
     m = _metrics(tmp_path)
     assert any(x["rollout/refills"] > 0 for x in m)
@@ -102,29 +116,34 @@ def test_soft_overlong_penalty_shapes_the_reward(tmp_path):
 
 
 def test_kl_in_the_reward_is_zero_at_start_and_not_in_the_loss(tmp_path):
-    train(GRPOConfig(out_dir=str(tmp_path), kl_coef=0.5, kl_placement="reward", kl_estimator="k1",
-                     **{**SMALL, "steps": 3}), toy_task())
+    train(
+        GRPOConfig(
+            out_dir=str(tmp_path), kl_coef=0.5, kl_placement="reward", kl_estimator="k1", **{**SMALL, "steps": 3}
+        ),
+        toy_task(),
+    )
     m = _metrics(tmp_path)
     assert abs(m[0]["reward/kl_penalty"]) < 1e-4  # the policy is the reference before the first update
     assert abs(m[-1]["reward/kl_penalty"]) > 1e-3
     assert all(x["loss/kl"] == 0.0 for x in m)
 
 
-@pytest.mark.parametrize("loss_agg,ratio_level,estimator", [("token", "token", "group"),
-                                                             ("sequence", "sequence", "rloo"),
-                                                             ("constant", "token", "batch")])
+@pytest.mark.parametrize(
+    "loss_agg,ratio_level,estimator",
+    [("token", "token", "group"), ("sequence", "sequence", "rloo"), ("constant", "token", "batch")],
+)
 def test_gradient_independent_of_micro_batch_for_every_mode(loss_agg, ratio_level, estimator):
     model, tok = tiny_model_and_tokenizer(seed=2)
     prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
-    roll = generate(model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=1,
-                    pad_id=tok.pad_token_id)
+    roll = generate(
+        model, prompts, 4, SamplingParams(max_new_tokens=9), stop_token_ids(model, tok), seed=1, pad_id=tok.pad_token_id
+    )
     adv = ESTIMATORS[estimator](torch.tensor([float(len(c) % 3) for c in roll.completion_ids]), 4, True)
     grads = []
     for micro in (12, 5, 1):
         cfg = GRPOConfig(micro_batch_size=micro, loss_agg=loss_agg, ratio_level=ratio_level)
         model.zero_grad()
-        policy_backward(model, roll, adv, list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu",
-                        loss_agg=cfg.loss_agg, ratio_level=cfg.ratio_level)
+        policy_backward(model, roll, adv, list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu")
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert grads[0].abs().max() > 0
     for g in grads[1:]:
@@ -134,8 +153,15 @@ def test_gradient_independent_of_micro_batch_for_every_mode(loss_agg, ratio_leve
 def _rollout(seed=2, n=4, new=9):
     model, tok = tiny_model_and_tokenizer(seed=seed)
     prompts = [tok("ab")["input_ids"], tok("a longer one")["input_ids"], tok("c")["input_ids"]]
-    roll = generate(model, prompts, n, SamplingParams(max_new_tokens=new), stop_token_ids(model, tok), seed=1,
-                    pad_id=tok.pad_token_id)
+    roll = generate(
+        model,
+        prompts,
+        n,
+        SamplingParams(max_new_tokens=new),
+        stop_token_ids(model, tok),
+        seed=1,
+        pad_id=tok.pad_token_id,
+    )
     return model, tok, roll
 
 
@@ -165,11 +191,19 @@ def test_mismatch_correction_weighs_each_token_by_its_truncated_or_masked_ratio(
     mask = torch.zeros(12, C)
     shift = torch.zeros(12, C)
     for i, s in enumerate(shifts):
-        mask[i, :len(s)], shift[i, :len(s)] = 1, s
+        mask[i, : len(s)], shift[i, : len(s)] = 1, s
     w, _ = mismatch_weights(-shift, torch.zeros(12, C), mask, mode, 1.8)  # rho = exp(-shift) by hand
     model.zero_grad()
-    policy_backward(model, roll, adv[:, None] * w, rows, GRPOConfig(micro_batch_size=12), on_policy=True,
-                    pad_id=tok.pad_token_id, device="cpu")
+    policy_backward(
+        model,
+        roll,
+        adv[:, None] * w,
+        rows,
+        GRPOConfig(micro_batch_size=12),
+        on_policy=True,
+        pad_id=tok.pad_token_id,
+        device="cpu",
+    )
     assert corrected.abs().max() > 0
     torch.testing.assert_close(corrected, _grads(model), rtol=1e-4, atol=1e-6)
     assert 0 < st["is_cut"] < st["tokens"]  # some tokens truncated or masked, not all
@@ -178,22 +212,34 @@ def test_mismatch_correction_weighs_each_token_by_its_truncated_or_masked_ratio(
 def test_entropy_bonus_alone_raises_the_entropy():
     model, tok, roll = _rollout()
     cfg = GRPOConfig(micro_batch_size=12, entropy_coef=1.0)
-    before = policy_backward(model, roll, torch.zeros(12), list(range(12)), cfg, on_policy=True,
-                             pad_id=tok.pad_token_id, device="cpu")
+    before = policy_backward(
+        model, roll, torch.zeros(12), list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu"
+    )
     assert before["tokens"] > 0  # zero advantages, yet trained: the bonus has a gradient
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
                 p -= 0.5 * p.grad
     model.zero_grad()
-    after = policy_backward(model, roll, torch.zeros(12), list(range(12)), cfg, on_policy=True,
-                            pad_id=tok.pad_token_id, device="cpu")
+    after = policy_backward(
+        model, roll, torch.zeros(12), list(range(12)), cfg, on_policy=True, pad_id=tok.pad_token_id, device="cpu"
+    )
     assert after["entropy"] > before["entropy"]
 
 
 def test_loop_with_dual_clip_entropy_bonus_and_mismatch_correction_off_policy(tmp_path):
-    train(GRPOConfig(out_dir=str(tmp_path), clip_ratio_c=3.0, entropy_coef=0.01, is_mode="token_truncate",
-                     minibatch_size=4, epochs=2, **SMALL), varied_task())
+    train(
+        GRPOConfig(
+            out_dir=str(tmp_path),
+            clip_ratio_c=3.0,
+            entropy_coef=0.01,
+            is_mode="token_truncate",
+            minibatch_size=4,
+            epochs=2,
+            **SMALL,
+        ),
+        varied_task(),
+    )
     for x in _metrics(tmp_path):  # the sampler and the learner share their kernels: ratios ~1, nothing cut
         assert abs(x["policy/is_ratio_mean"] - 1) < 1e-3 and x["policy/is_cut_frac"] == 0
         assert "policy/dual_clip_frac" in x

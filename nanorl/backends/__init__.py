@@ -38,8 +38,14 @@ def resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype, tor
         name = "bf16-mixed" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     if name == "bf16-mixed":
         return torch.float32, torch.bfloat16
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-              "float16": torch.float16, "fp16": torch.float16}
+    dtypes = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if name not in dtypes:
         raise ValueError(f"config key 'dtype': expected auto|float32|bf16-mixed|bfloat16|float16, got {name!r}")
     return dtypes[name], None
@@ -93,8 +99,10 @@ class Backend:
 
         layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
         if not layers:
-            raise ValueError(f"config key 'grad_checkpointing': {type(model).__name__} has no decoder layers "
-                             f"transformers can checkpoint (GradientCheckpointingLayer)")
+            raise ValueError(
+                f"config key 'grad_checkpointing': {type(model).__name__} has no decoder layers "
+                f"transformers can checkpoint (GradientCheckpointingLayer)"
+            )
         layers_of_cache = cache.layers if cache is not None else []
         prompt = [dict(vars(layer)) for layer in layers_of_cache]  # keys, values (and a sliding layer's length)
         for layer in layers:  # an instance attribute over the class's forward, removed below
@@ -125,8 +133,9 @@ class Backend:
             reuse_freed_memory(device)
 
 
-def select_backend(name: str, dtype: str, device: torch.device, checkpoint: bool = False,
-                   strategy: str = "ddp") -> tuple[Backend, torch.dtype]:
+def select_backend(
+    name: str, dtype: str, device: torch.device, checkpoint: bool = False, strategy: str = "ddp"
+) -> tuple[Backend, torch.dtype]:
     """Config keys `backend`, `dtype`, `grad_checkpointing` and `strategy` on `device` -> (the Backend, the dtype
     the weights are loaded in). Strategy fsdp runs plain PyTorch: FSDP's hooks must see every gradient, and its
     gathered weights change between passes (the CPU speed-ups write gradients and pack weights themselves)."""

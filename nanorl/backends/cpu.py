@@ -45,8 +45,10 @@ def _wrapped(model) -> bool:
     FSDP, peft's adapters. Their hooks sit on the weights' AccumulateGrad nodes, which cannot be listed from
     Python, so the wrapper is recognised instead; `_add_grad` then leaves every gradient to the engine."""
     names = {c.__module__.split(".")[0] + "." + c.__name__ for m in model.modules() for c in type(m).__mro__}
-    return bool(names & {"torch.DistributedDataParallel", "torch.FSDPModule", "torch.FullyShardedDataParallel"}
-                or any(n.startswith("peft.") for n in names))
+    return bool(
+        names & {"torch.DistributedDataParallel", "torch.FSDPModule", "torch.FullyShardedDataParallel"}
+        or any(n.startswith("peft.") for n in names)
+    )
 
 
 def _grad_node(w: torch.Tensor, fuse: bool = True):
@@ -161,8 +163,11 @@ class _GatedMLP(torch.autograd.Function):
 def _is_gated_silu_mlp(m, linear=lambda x: type(x) is torch.nn.Linear) -> bool:
     """A Llama-style MLP (Llama, Mistral, Qwen2/3, SmolLM, ...): down(act(gate(x)) * up(x)), act = SiLU; its
     projections what `linear` accepts (plain nn.Linear by default)."""
-    return (all(linear(getattr(m, k, None)) for k in ("gate_proj", "up_proj", "down_proj"))
-            and type(getattr(m, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation") and _gated_forward(type(m)))
+    return (
+        all(linear(getattr(m, k, None)) for k in ("gate_proj", "up_proj", "down_proj"))
+        and type(getattr(m, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+        and _gated_forward(type(m))
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,10 +187,18 @@ def _foldable(m) -> bool:
     if not (type(m).__name__ == "Linear" and type(m).__module__.startswith("peft.tuners.lora")):
         return False
     base, active = getattr(m, "base_layer", None), list(getattr(m, "active_adapters", []))
-    return (type(base) is torch.nn.Linear and not m.merged and not m.disable_adapters and len(active) == 1
-            and base.weight.device.type == "cpu" and base.weight.dtype == torch.float32
-            and (active[0] not in m.lora_A or (not m.use_dora.get(active[0])
-                                               and type(m.lora_dropout[active[0]]) is torch.nn.Identity)))
+    return (
+        type(base) is torch.nn.Linear
+        and not m.merged
+        and not m.disable_adapters
+        and len(active) == 1
+        and base.weight.device.type == "cpu"
+        and base.weight.dtype == torch.float32
+        and (
+            active[0] not in m.lora_A
+            or (not m.use_dora.get(active[0]) and type(m.lora_dropout[active[0]]) is torch.nn.Identity)
+        )
+    )
 
 
 def _folded(m) -> torch.Tensor:
@@ -211,8 +224,16 @@ def _fuse_shared_inputs(model, ours: set, packed: dict) -> None:
                 continue
             ws, bs = zip(*(_weight_and_bias(m) for m in group))
             w = torch.ops.mkldnn._reorder_linear_weight(torch.cat(ws), 64)
-            b = (torch.cat([bias.detach() if bias is not None else weight.new_zeros(len(weight))
-                            for weight, bias in zip(ws, bs)]) if any(bias is not None for bias in bs) else None)
+            b = (
+                torch.cat(
+                    [
+                        bias.detach() if bias is not None else weight.new_zeros(len(weight))
+                        for weight, bias in zip(ws, bs)
+                    ]
+                )
+                if any(bias is not None for bias in bs)
+                else None
+            )
             last, ends = {}, [0]
             for weight in ws:
                 ends.append(ends[-1] + len(weight))
@@ -245,12 +266,23 @@ def fast_cpu(model, pack_weights: bool = False):
     Yields {id(linear): (packed weight, bias, first, last output column)} of the packed linears (else {}),
     for backends/decode.py."""
     oneDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    lora = [m for m in model.modules() if oneDNN and pack_weights and "forward" not in m.__dict__
-            and _foldable(m)]  # folded: their own linears (base, A, B) are not run
+    lora = [
+        m for m in model.modules() if oneDNN and pack_weights and "forward" not in m.__dict__ and _foldable(m)
+    ]  # folded: their own linears (base, A, B) are not run
     inside = {id(x) for m in lora for x in m.modules() if x is not m}
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-               and m.weight.dtype == torch.float32 and "forward" not in m.__dict__  # not already inside
-               and id(m) not in inside] if oneDNN else []  # not without oneDNN or a torch without these ops
+    linears = (
+        [
+            m
+            for m in model.modules()
+            if type(m) is torch.nn.Linear
+            and m.weight.device.type == "cpu"
+            and m.weight.dtype == torch.float32
+            and "forward" not in m.__dict__  # not already inside
+            and id(m) not in inside
+        ]
+        if oneDNN
+        else []
+    )  # not without oneDNN or a torch without these ops
     patched, ours, packed = list(linears), {id(m) for m in linears}, {}
     node = functools.partial(_grad_node, fuse=not _wrapped(model))  # step aside for DDP, FSDP, peft
     if pack_weights:
@@ -266,16 +298,25 @@ def fast_cpu(model, pack_weights: bool = False):
             m.forward = lambda x, w=w, b=b: _dnn(x, w, b)
             packed[id(m)] = (w, b, 0, len(weight))
         else:
-            m.forward = lambda x, m=m, node=node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)
+            m.forward = lambda x, m=m, node=node(m.weight): _DnnLinear.apply(x, m.weight, m.bias, node)  # noqa: B008
     for m in model.modules() if linears and not pack_weights else []:
         if "forward" not in m.__dict__ and _is_gated_silu_mlp(m) and id(m.down_proj) in ours:
-            m.forward = lambda x, m=m, node=node(m.down_proj.weight): _GatedMLP.apply(
-                m.gate_proj(x), m.up_proj(x), m.down_proj.weight, m.down_proj.bias, node)
+            m.forward = lambda x, m=m, node=node(m.down_proj.weight): _GatedMLP.apply(  # noqa: B008
+                m.gate_proj(x), m.up_proj(x), m.down_proj.weight, m.down_proj.bias, node
+            )
             patched.append(m)
-        elif (type(m) is torch.nn.Embedding and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
-                and m.weight.dtype == torch.float32 and m.max_norm is None and not m.scale_grad_by_freq
-                and not m.sparse):
-            m.forward = lambda ids, m=m, node=node(m.weight): _Embedding.apply(ids, m.weight, m.padding_idx, node)
+        elif (
+            type(m) is torch.nn.Embedding
+            and "forward" not in m.__dict__
+            and m.weight.device.type == "cpu"
+            and m.weight.dtype == torch.float32
+            and m.max_norm is None
+            and not m.scale_grad_by_freq
+            and not m.sparse
+        ):
+            m.forward = lambda ids, m=m, node=node(m.weight): _Embedding.apply(  # noqa: B008
+                ids, m.weight, m.padding_idx, node
+            )
             patched.append(m)
     gqa = os.environ.get(GQA)
     if linears and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5):  # SDPA's enable_gqa

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanorl.backends.cpu import _dnn as _linear, _is_gated_silu_mlp
+from nanorl.backends.cpu import _dnn as _linear
+from nanorl.backends.cpu import _is_gated_silu_mlp
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 LANES = 16  # cpu_decode.cpp reads keys LANES at a time: transposed key caches carry LANES spare columns
@@ -67,12 +68,21 @@ def kernels() -> bool:
         with open(build / "build.lock", "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build / "lock").unlink(missing_ok=True)
-            load(name=build.name, sources=[str(SOURCE)], build_directory=str(build), is_python_module=False,
-                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+            load(
+                name=build.name,
+                sources=[str(SOURCE)],
+                build_directory=str(build),
+                is_python_module=False,
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+            )
         return hasattr(torch.ops.nanorl_cpu, "decode_attention")
     except Exception as e:  # no compiler, no ninja, a read-only cache, ...
-        warnings.warn(f"nanorl: could not build the CPU decode kernels ({type(e).__name__}: {str(e)[:300]}); "
-                      "decoding with the model's own forward instead (same results, slower)")
+        warnings.warn(
+            f"nanorl: could not build the CPU decode kernels ({type(e).__name__}: {str(e)[:300]}); "
+            "decoding with the model's own forward instead (same results, slower)",
+            stacklevel=2,
+        )
         return False
 
 
@@ -84,34 +94,49 @@ def supported(model, packed: dict | None = None) -> bool:
     if getattr(cfg, "model_type", None) not in ARCHS:
         return False
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if (model.device.type != "cpu" or model.dtype != torch.float32 or inner is None
-            or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
-            or getattr(cfg, "pretraining_tp", 1) != 1
-            or getattr(getattr(inner, "rotary_emb", None), "rope_type", None) not in STATIC_ROPE
-            or 2 * inner.rotary_emb.inv_freq.numel() != head_dim  # rotary on every dimension
-            or type(getattr(inner, "embed_tokens", None)) is not torch.nn.Embedding):
+    if (
+        model.device.type != "cpu"
+        or model.dtype != torch.float32
+        or inner is None
+        or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
+        or getattr(cfg, "pretraining_tp", 1) != 1
+        or getattr(getattr(inner, "rotary_emb", None), "rope_type", None) not in STATIC_ROPE
+        or 2 * inner.rotary_emb.inv_freq.numel() != head_dim  # rotary on every dimension
+        or type(getattr(inner, "embed_tokens", None)) is not torch.nn.Embedding
+    ):
         return False
     rms = lambda m: type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")  # noqa: E731
     qk_norms = ("q_norm", "k_norm") if cfg.model_type == "qwen3" else ()
     for layer in inner.layers:
         attn = getattr(layer, "self_attn", None)
-        if not (attn is not None and all(rms(getattr(attn, k, None)) for k in qk_norms)
-                and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
-                and _is_gated_silu_mlp(getattr(layer, "mlp", None), linear)
-                and all(rms(getattr(layer, k, None)) for k in ("input_layernorm", "post_attention_layernorm"))):
+        if not (
+            attn is not None
+            and all(rms(getattr(attn, k, None)) for k in qk_norms)
+            and all(linear(getattr(attn, k, None)) for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+            and _is_gated_silu_mlp(getattr(layer, "mlp", None), linear)
+            and all(rms(getattr(layer, k, None)) for k in ("input_layernorm", "post_attention_layernorm"))
+        ):
             return False
     return True
 
 
 def cpu_decoder(model, packed: dict, cache, mask: torch.Tensor, group_size: int, max_new_tokens: int):
-    """The decode step for rows sampled group_size per prompt from a prefilled transformers cache (P prompts, left-padded
-    by `mask` (P, Lp)), or None when `model` or this machine cannot take it (then run the model's forward).
+    """The decode step for rows sampled group_size per prompt from a prefilled transformers cache (P prompts,
+    left-padded by `mask` (P, Lp)), or None when `model` or this machine cannot take it (then run the model's forward).
     `packed` maps id(linear) -> (packed weight, bias, first, last output), from `fast_cpu(pack_weights=True)`."""
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the model inside
     if not packed or not supported(model, packed) or not kernels():
         return None
-    need = [m for layer in model.model.layers for m in (*(getattr(layer.self_attn, k) for k in
-            ("q_proj", "k_proj", "v_proj", "o_proj")), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    need = [
+        m
+        for layer in model.model.layers
+        for m in (
+            *(getattr(layer.self_attn, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+            layer.mlp.down_proj,
+        )
+    ]
     if not all(id(m) in packed for m in [*need, model.lm_head]):
         return None
     return LlamaDecoder(model, packed, cache, mask, group_size, max_new_tokens)
@@ -163,13 +188,21 @@ class LlamaDecoder:
             qkv, o, gu, down = (packed[id(x)] for x in (a.q_proj, a.o_proj, m.gate_proj, m.down_proj))
             assert qkv[2:] == (0, self.heads * d) and packed[id(a.v_proj)][3] == (self.heads + 2 * nkv) * d
             assert gu[2] == 0 and packed[id(m.up_proj)][3] == 2 * m.gate_proj.out_features  # fused as [gate | up]
-            self.layers.append(dict(
-                qkv=qkv[:2], o=o[:2], gu=gu[:2], down=down[:2],
-                norm1=norm(layer.input_layernorm), norm2=norm(layer.post_attention_layernorm),
-                qk_norm=(norm(a.q_norm), norm(a.k_norm)) if hasattr(a, "q_norm") else None,  # qwen3
-                prompt_k=F.pad(kv.keys.transpose(-1, -2), (0, LANES)).contiguous(),  # (P, nkv, d, Lp + LANES)
-                prompt_v=kv.values.contiguous(),  # (P, nkv, Lp, d)
-                k=k, v=v))
+            self.layers.append(
+                dict(
+                    qkv=qkv[:2],
+                    o=o[:2],
+                    gu=gu[:2],
+                    down=down[:2],
+                    norm1=norm(layer.input_layernorm),
+                    norm2=norm(layer.post_attention_layernorm),
+                    qk_norm=(norm(a.q_norm), norm(a.k_norm)) if hasattr(a, "q_norm") else None,  # qwen3
+                    prompt_k=F.pad(kv.keys.transpose(-1, -2), (0, LANES)).contiguous(),  # (P, nkv, d, Lp + LANES)
+                    prompt_v=kv.values.contiguous(),  # (P, nkv, Lp, d)
+                    k=k,
+                    v=v,
+                )
+            )
 
     def __call__(self, tokens, rows, positions, t):
         ops = torch.ops.nanorl_cpu
@@ -180,8 +213,21 @@ class LlamaDecoder:
             qkv = _linear(x, *p["qkv"])  # (A, (heads + 2 kv heads) d)
             if p["qk_norm"]:
                 qkv = _norm_heads(ops, qkv, p["qk_norm"], self.heads, self.kv_heads)
-            o = ops.decode_attention(qkv, cos, sin, p["prompt_k"], p["prompt_v"], p["k"], p["v"], rows, self.start,
-                                     self.group_size, t, self.heads, self.scale)  # (A, heads d)
+            o = ops.decode_attention(
+                qkv,
+                cos,
+                sin,
+                p["prompt_k"],
+                p["prompt_v"],
+                p["k"],
+                p["v"],
+                rows,
+                self.start,
+                self.group_size,
+                t,
+                self.heads,
+                self.scale,
+            )  # (A, heads d)
             h = _linear_add(o, h, *p["o"])
             gu = _linear(ops.rms_norm(h, *p["norm2"]), *p["gu"])  # (A, 2 I)
             h = _linear_add(ops.silu_mul(gu), h, *p["down"])

@@ -19,8 +19,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -54,9 +59,14 @@ def load(load_fn, name: str, dtype, group):
             box = [(_meta_copy(loaded[0]), loaded[1])]
             pickle.dumps(box)  # what broadcast_object_list does: a model that does not pickle fails here, by name
         except Exception as e:  # the others wait for the skeleton: they raise the same error
-            error = e if box[0] is None else RuntimeError(
-                f"strategy fsdp: model {name!r} loaded, but its skeleton cannot be sent to the other processes "
-                f"({type(e).__name__}: {e}); use --strategy ddp for this model")
+            error = (
+                e
+                if box[0] is None
+                else RuntimeError(
+                    f"strategy fsdp: model {name!r} loaded, but its skeleton cannot be sent to the other processes "
+                    f"({type(e).__name__}: {e}); use --strategy ddp for this model"
+                )
+            )
             box = [_sendable(error)]
     dist.broadcast_object_list(box, src=0, group=group)
     if isinstance(box[0], Exception):
@@ -74,9 +84,12 @@ def _sendable(e: Exception) -> Exception:
 
 def _meta_copy(model):
     """The model with every parameter and buffer on the meta device: its structure and config, no weights."""
-    memo = {id(t): torch.nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
-            if isinstance(t, torch.nn.Parameter) else torch.empty_like(t, device="meta")
-            for t in [*model.parameters(), *model.buffers()]}
+    memo = {
+        id(t): torch.nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
+        if isinstance(t, torch.nn.Parameter)
+        else torch.empty_like(t, device="meta")
+        for t in [*model.parameters(), *model.buffers()]
+    }
     return copy.deepcopy(model, memo)
 
 
@@ -94,7 +107,9 @@ def shard(model, cfg):
     # bf16-mixed (autocast): the gathered weights in bf16 (half the traffic and memory of fp32 gathers), the
     # gradients reduced in fp32 into the fp32 shards that AdamW steps; otherwise the weights' own dtype
     autocast = resolve_precision(getattr(cfg, "dtype", "float32"), comm_device())[1]
-    mixed = MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=torch.float32) if autocast else MixedPrecisionPolicy()
+    mixed = (
+        MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=torch.float32) if autocast else MixedPrecisionPolicy()
+    )
     kw = {"mesh": mesh, "reshard_after_forward": True, "mp_policy": mixed}
     names = set(getattr(model, "_no_split_modules", None) or [])
     for layer in [m for m in model.modules() if type(m).__name__ in names]:
@@ -108,7 +123,9 @@ def shard(model, cfg):
         if isinstance(m, FSDPModule):  # a plain sum (gloo has no PREMUL_SUM for FSDP's scaled reductions)
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
-    if dist.get_world_size() > 1:  # every rank's shards from the main process's weights (a skeleton's are allocated first)
+    if (
+        dist.get_world_size() > 1
+    ):  # every rank's shards from the main process's weights (a skeleton's are allocated first)
         if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
             model.to_empty(device=comm_device())
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -143,8 +160,9 @@ def full_state_dict(model) -> dict | None:
     of tied weights (as save_pretrained writes them); under LoRA only the trained ones (the adapters, which is
     what peft saves: the frozen base is never gathered). Else None."""
     lora = hasattr(model, "peft_config")
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
-                                                                 ignore_frozen_params=lora))
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora)
+    )
     names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}  # a tied one once
     return {k: v for k, v in state.items() if k in names}
 
@@ -170,8 +188,8 @@ def load_optimizer_state(model, opt, state: dict, checkpoint) -> None:
     if not isinstance(model, FSDPModule):
         return opt.load_state_dict(state)
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (make_optimizer)
-    whole = {"state": {names[i]: v for i, v in state["state"].items()},
-             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    whole = {
+        "state": {names[i]: v for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
     set_optimizer_state_dict(model, opt, whole, options=StateDictOptions(full_state_dict=True))
-
-

@@ -35,8 +35,13 @@ def add_adapters(model, cfg, task_type: str = "CAUSAL_LM"):
     in full (peft's modules_to_save)."""
     peft = _peft()
     target = cfg.lora_target if cfg.lora_target == ALL_LINEAR else [t.strip() for t in cfg.lora_target.split(",")]
-    config = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                             target_modules=target, task_type=task_type)
+    config = peft.LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=target,
+        task_type=task_type,
+    )
     try:
         wrapped = peft.get_peft_model(model, config)
     except ValueError as e:  # an unknown target module, or a model peft cannot adapt

@@ -63,7 +63,7 @@ def runs_figure(run_dirs: list):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if len(runs) > 1:
         axes.flat[0].legend(fontsize=7)

@@ -73,8 +73,15 @@ def _evaluation(evals: list[dict]) -> str:
         return ""
     first, last = evals[0], evals[-1]
     keys = list(dict.fromkeys(k for e in (first, last) for k in e if k.startswith("eval/")))
-    rows = [[k, first.get(k, ""), last.get(k, ""),
-             last[k] - first[k] if _is_number(first.get(k)) and _is_number(last.get(k)) else ""] for k in keys]
+    rows = [
+        [
+            k,
+            first.get(k, ""),
+            last.get(k, ""),
+            last[k] - first[k] if _is_number(first.get(k)) and _is_number(last.get(k)) else "",
+        ]
+        for k in keys
+    ]
     return _table(["", f"before (step {first.get('step')})", f"after (step {last.get('step')})", "change"], rows)
 
 
@@ -109,7 +116,7 @@ def _flat(d: dict, prefix: str = "") -> list[list]:
 def _columns(rows: list[list], n: int = 3) -> str:
     """A long key/value table as n tables side by side."""
     size = -(-len(rows) // n) or 1
-    tables = "".join(_table(["key", "value"], rows[i:i + size]) for i in range(0, len(rows), size))
+    tables = "".join(_table(["key", "value"], rows[i : i + size]) for i in range(0, len(rows), size))
     return f'<div class="row">{tables}</div>' if rows else ""
 
 
@@ -124,19 +131,28 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     task = cfg.get("task") or cfg.get("data", "?")
     wall = f", {results['wall_s'] / 60:.1f} min wall time" if _is_number(results.get("wall_s")) else ""
     about = f"nanorl {_command(cfg, evals)} · model {cfg.get('model', '?')} · task {task} · {steps} steps{wall}"
-    page = [f"<h1>{html.escape(run.name)}</h1><p class=sub>{html.escape(about)}</p>\n",
-            _section("Held-out evaluation", _evaluation(evals)),
-            _section("Curves", _charts(run)),
-            _section("Completions during training", _samples(_read(run / "samples.jsonl")),
-                     "samples.jsonl: a few sampled completions at steps spread over the run, with their rewards"),
-            _section("Held-out completions", _records(held_out, ("prompt", "completion", "reward", "answer")),
-                     "eval_samples.jsonl: greedy completions at the last evaluation"),
-            _section("Config", _columns(list(map(list, cfg.items())))),
-            _section("Results", _columns(_flat(results), 2), "results.json")]
+    page = [
+        f"<h1>{html.escape(run.name)}</h1><p class=sub>{html.escape(about)}</p>\n",
+        _section("Held-out evaluation", _evaluation(evals)),
+        _section("Curves", _charts(run)),
+        _section(
+            "Completions during training",
+            _samples(_read(run / "samples.jsonl")),
+            "samples.jsonl: a few sampled completions at steps spread over the run, with their rewards",
+        ),
+        _section(
+            "Held-out completions",
+            _records(held_out, ("prompt", "completion", "reward", "answer")),
+            "eval_samples.jsonl: greedy completions at the last evaluation",
+        ),
+        _section("Config", _columns(list(map(list, cfg.items())))),
+        _section("Results", _columns(_flat(results), 2), "results.json"),
+    ]
     out = Path(out) if out else run / "report.html"
     head = f"<meta charset=utf-8><title>nanorl report: {html.escape(run.name)}</title><style>{STYLE}</style>"
-    out.write_text(f"<!doctype html>\n<html><head>{head}</head><body>\n" + "".join(page) + "</body></html>\n",
-                   encoding="utf-8")
+    out.write_text(
+        f"<!doctype html>\n<html><head>{head}</head><body>\n" + "".join(page) + "</body></html>\n", encoding="utf-8"
+    )
     return out
 
 

@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 
 
-
 class _Tracker:
     """The logger interface (nanorl/logger.py, Logger) for a tracker: metrics and evaluations only."""
 
@@ -57,8 +56,13 @@ class WandbLogger(_Tracker):
         except ImportError:
             raise ImportError("report_to wandb needs wandb: pip install wandb") from None
         self.wandb = wandb
-        self.run = wandb.init(project="nanorl", name=Path(out_dir).name, dir=str(out_dir), resume="allow" if append
-                              else None, config=dataclasses.asdict(config) if config is not None else None)
+        self.run = wandb.init(
+            project="nanorl",
+            name=Path(out_dir).name,
+            dir=str(out_dir),
+            resume="allow" if append else None,
+            config=dataclasses.asdict(config) if config is not None else None,
+        )
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(_numbers(metrics), step=step)

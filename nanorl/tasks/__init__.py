@@ -81,11 +81,14 @@ class Task:
                     else:
                         inspect.signature(fn).bind(ex.prompt, "", **ex.fields)
                 except TypeError as e:
-                    raise RewardSetupError(f"reward '{name}' of task '{self.name}' cannot be called on its rows "
-                                           f"(fields: {sorted(ex.fields)}): {e}") from None
+                    raise RewardSetupError(
+                        f"reward '{name}' of task '{self.name}' cannot be called on its rows "
+                        f"(fields: {sorted(ex.fields)}): {e}"
+                    ) from None
 
-    def score_parts(self, examples: list[Example], completions: list[str], completion_ids=None, step: int = 0,
-                    steps: int = 0):
+    def score_parts(
+        self, examples: list[Example], completions: list[str], completion_ids=None, step: int = 0, steps: int = 0
+    ):
         """-> ({part name: rewards, None where a TRL-form reward skipped the sample}, weighted totals, number of
         reward errors). A reward with `.batch(prompts, completions, fields, **context)` (TRL's form, the code
         sandbox) scores all completions at once; when that call fails, each is scored alone to find which. Flags a
@@ -95,11 +98,14 @@ class Task:
             batch, values, ctx, failed, flags = getattr(fn, "batch", None), None, {"step": step, "steps": steps}, 0, {}
             if batch:
                 try:
-                    out = batch([e.prompt for e in examples], completions, [e.fields for e in examples],
-                                completion_ids, **ctx)
+                    out = batch(
+                        [e.prompt for e in examples], completions, [e.fields for e in examples], completion_ids, **ctx
+                    )
                     values = [_value(v, True) for v in out]
-                    flags = {f"{name}_{k}": [float(x) for x in v] for k, v in
-                             (out.flags if isinstance(out, Scores) else {}).items()}  # (numpy has .flags too)
+                    flags = {
+                        f"{name}_{k}": [float(x) for x in v]
+                        for k, v in (out.flags if isinstance(out, Scores) else {}).items()
+                    }  # (numpy has .flags too)
                 except RewardSetupError:
                     raise
                 except Exception:
@@ -107,24 +113,39 @@ class Task:
             for i, (ex, completion) in enumerate(zip(examples, completions) if values is None else ()):
                 values = [] if i == 0 else values
                 try:
-                    values.append(_value(batch([ex.prompt], [completion], [ex.fields], completion_ids and
-                                               completion_ids[i:i + 1], **ctx)[0] if batch else
-                                         fn(ex.prompt, completion, **ex.fields), bool(batch)))
+                    values.append(
+                        _value(
+                            batch(
+                                [ex.prompt],
+                                [completion],
+                                [ex.fields],
+                                completion_ids and completion_ids[i : i + 1],
+                                **ctx,
+                            )[0]
+                            if batch
+                            else fn(ex.prompt, completion, **ex.fields),
+                            bool(batch),
+                        )
+                    )
                 except (RewardSetupError, ImportError, NameError) as e:  # not the sample's fault
                     raise RewardSetupError(f"reward '{name}' of task '{self.name}': {e}") from e
                 except Exception as e:
                     if self.on_error != "zero":  # name the input that broke the reward
-                        raise RuntimeError(f"reward '{name}' of task '{self.name}' failed on prompt {ex.prompt!r} "
-                                           f"with completion {completion!r}: {e!r}") from e
+                        raise RuntimeError(
+                            f"reward '{name}' of task '{self.name}' failed on prompt {ex.prompt!r} "
+                            f"with completion {completion!r}: {e!r}"
+                        ) from e
                     values.append(0.0)
                     errors, failed = errors + 1, failed + 1
                     if failed == len(completions) > 1 and isinstance(e, (TypeError, AttributeError, KeyError)):
                         # a programming error on every completion (a missing column, a non-number): the reward
-                        raise RewardSetupError(f"reward '{name}' of task '{self.name}' failed on every completion "
-                                               f"of the batch: {e!r}") from e
+                        raise RewardSetupError(
+                            f"reward '{name}' of task '{self.name}' failed on every completion of the batch: {e!r}"
+                        ) from e
             parts.update({name: values, **flags})
-        total = [sum(w * parts[n][i] for n, _, w in rewards if parts[n][i] is not None)
-                 for i in range(len(completions))]
+        total = [
+            sum(w * parts[n][i] for n, _, w in rewards if parts[n][i] is not None) for i in range(len(completions))
+        ]
         return parts, total, errors
 
     def score(self, examples: list[Example], completions: list[str], **context) -> list[float]:
@@ -165,6 +186,14 @@ def get_task(name, *, reward: str = "", on_error: str = "raise", acc_threshold: 
 def task_from_config(cfg, source=None, reward=None) -> Task:
     """The task a config names (config.TaskConfig's fields: the one place they are read), or the same settings
     on a `source` (a datasets.Dataset) and `reward` functions given from Python."""
-    return get_task(cfg.task if source is None else source, reward=reward or cfg.reward, digits=cfg.digits,
-                    operators=cfg.operators, eval_size=cfg.eval_size, prompt_field=cfg.prompt_field,
-                    answer_field=cfg.answer_field, on_error=cfg.reward_errors, acc_threshold=cfg.acc_threshold)
+    return get_task(
+        cfg.task if source is None else source,
+        reward=reward or cfg.reward,
+        digits=cfg.digits,
+        operators=cfg.operators,
+        eval_size=cfg.eval_size,
+        prompt_field=cfg.prompt_field,
+        answer_field=cfg.answer_field,
+        on_error=cfg.reward_errors,
+        acc_threshold=cfg.acc_threshold,
+    )

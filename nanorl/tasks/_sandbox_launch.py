@@ -42,21 +42,132 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 
 # --- seccomp: a deny list of kernel interfaces, as a classic BPF program assembled here (no compiler) ---
 # Per architecture: (AUDIT_ARCH, {syscall: number}); numbers from asm/unistd_64.h and asm-generic/unistd.h.
-_DENY = ("ptrace syslog acct mount umount2 pivot_root chroot swapon swapoff reboot sethostname setdomainname "
-         "init_module delete_module finit_module quotactl kexec_load kexec_file_load add_key request_key keyctl "
-         "unshare setns perf_event_open name_to_handle_at open_by_handle_at process_vm_readv process_vm_writev "
-         "kcmp bpf userfaultfd io_uring_setup io_uring_enter io_uring_register open_tree move_mount fsopen fsconfig "
-         "fsmount fspick pidfd_getfd mount_setattr fanotify_init lookup_dcookie vhangup iopl ioperm uselib").split()
-_X86_64 = dict(zip(_DENY, [101, 103, 163, 165, 166, 155, 161, 167, 168, 169, 170, 171, 175, 176, 313, 179, 246, 320,
-                           248, 249, 250, 272, 308, 298, 303, 304, 310, 311, 312, 321, 323, 425, 426, 427, 428, 429,
-                           430, 431, 432, 433, 438, 442, 300, 212, 153, 172, 173, 134]))
-_AARCH64 = dict(zip(_DENY[:-3], [117, 116, 89, 40, 39, 41, 51, 224, 225, 142, 161, 162, 105, 106, 273, 60, 104, 294,
-                                 217, 218, 219, 97, 268, 241, 264, 265, 270, 271, 272, 280, 282, 425, 426, 427, 428,
-                                 429, 430, 431, 432, 433, 438, 442, 262, 18, 58]))
+_DENY = (
+    "ptrace syslog acct mount umount2 pivot_root chroot swapon swapoff reboot sethostname setdomainname "
+    "init_module delete_module finit_module quotactl kexec_load kexec_file_load add_key request_key keyctl "
+    "unshare setns perf_event_open name_to_handle_at open_by_handle_at process_vm_readv process_vm_writev "
+    "kcmp bpf userfaultfd io_uring_setup io_uring_enter io_uring_register open_tree move_mount fsopen fsconfig "
+    "fsmount fspick pidfd_getfd mount_setattr fanotify_init lookup_dcookie vhangup iopl ioperm uselib"
+).split()
+_X86_64 = dict(
+    zip(
+        _DENY,
+        [
+            101,
+            103,
+            163,
+            165,
+            166,
+            155,
+            161,
+            167,
+            168,
+            169,
+            170,
+            171,
+            175,
+            176,
+            313,
+            179,
+            246,
+            320,
+            248,
+            249,
+            250,
+            272,
+            308,
+            298,
+            303,
+            304,
+            310,
+            311,
+            312,
+            321,
+            323,
+            425,
+            426,
+            427,
+            428,
+            429,
+            430,
+            431,
+            432,
+            433,
+            438,
+            442,
+            300,
+            212,
+            153,
+            172,
+            173,
+            134,
+        ],
+    )
+)
+_AARCH64 = dict(
+    zip(
+        _DENY[:-3],
+        [
+            117,
+            116,
+            89,
+            40,
+            39,
+            41,
+            51,
+            224,
+            225,
+            142,
+            161,
+            162,
+            105,
+            106,
+            273,
+            60,
+            104,
+            294,
+            217,
+            218,
+            219,
+            97,
+            268,
+            241,
+            264,
+            265,
+            270,
+            271,
+            272,
+            280,
+            282,
+            425,
+            426,
+            427,
+            428,
+            429,
+            430,
+            431,
+            432,
+            433,
+            438,
+            442,
+            262,
+            18,
+            58,
+        ],
+    )
+)
 ARCHES = {"x86_64": (0xC000003E, _X86_64, 56), "aarch64": (0xC00000B7, _AARCH64, 220)}  # last: clone
 CLONE3 = 435  # answered ENOSYS, so that libc falls back to clone(), whose flags the filter can read
-NS_FLAGS = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | \
-    CLONE_NEWCGROUP | CLONE_NEWTIME
+NS_FLAGS = (
+    CLONE_NEWNS
+    | CLONE_NEWUTS
+    | CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | CLONE_NEWPID
+    | CLONE_NEWNET
+    | CLONE_NEWCGROUP
+    | CLONE_NEWTIME
+)
 EPERM, ENOSYS = 1, 38
 RET_KILL, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -96,6 +207,7 @@ def lock_down(libc) -> None:
 
 
 # --- the minimal root ---
+
 
 def _check(ret: int, what: str) -> None:
     if ret != 0:
@@ -141,8 +253,12 @@ def masked(trees: list[str], hide: list[str]) -> list[str]:
     (installed packages, nanorl itself among them) and the folders named in `hide` (nanorl, the checkout)."""
     found = set()
     for tree in trees:
-        for pattern in ("lib*/python3*/site-packages", "lib*/python3*/dist-packages",
-                        "local/lib*/python3*/site-packages", "local/lib*/python3*/dist-packages"):
+        for pattern in (
+            "lib*/python3*/site-packages",
+            "lib*/python3*/dist-packages",
+            "local/lib*/python3*/site-packages",
+            "local/lib*/python3*/dist-packages",
+        ):
             found.update(glob.glob(os.path.join(tree, pattern)))
     found.update(h for h in hide if os.path.isdir(h))
     found = {os.path.realpath(p) for p in found}
@@ -175,8 +291,12 @@ def build_root(libc, cfg: dict, prefix: str) -> None:
         if os.path.exists("/dev/" + dev):
             _mountpoint(f"{new}/dev/{dev}", "/dev/" + dev)
             _bind_ro(libc, "/dev/" + dev, f"{new}/dev/{dev}", extra=0)
-    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for link, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{new}/dev/{link}")
     size = f"size={cfg['tmp_mb']}m,nr_inodes=4096,mode=1777"
     for place in ("/tmp", "/dev/shm"):
@@ -196,6 +316,7 @@ def build_root(libc, cfg: dict, prefix: str) -> None:
 
 # --- the three processes ---
 
+
 def interpreter() -> str:
     """The real interpreter behind sys.executable (a venv's link), or the prefix's own where the venv holds a copy."""
     real, prefix = os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
@@ -205,9 +326,14 @@ def interpreter() -> str:
 
 
 def set_limits(cfg: dict) -> None:
-    limits = [(resource.RLIMIT_CPU, cfg["cpu_s"]), (resource.RLIMIT_AS, cfg["memory_mb"] << 20),
-              (resource.RLIMIT_NPROC, cfg["procs"]), (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
-              (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)]
+    limits = [
+        (resource.RLIMIT_CPU, cfg["cpu_s"]),
+        (resource.RLIMIT_AS, cfg["memory_mb"] << 20),
+        (resource.RLIMIT_NPROC, cfg["procs"]),
+        (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
+        (resource.RLIMIT_NOFILE, 64),
+        (resource.RLIMIT_CORE, 0),
+    ]
     for kind, value in limits:
         resource.setrlimit(kind, (value, value))
 

@@ -1,7 +1,8 @@
 """SQL worker: run one query on a read-only SQLite database inside memory and time limits, print the rows.
 
 Run by `sql.run_query` as `python -I -S _sql_worker.py` with a JSON request on stdin (stdlib only,
-never imported): {"uri" (the database as a file: URI), "sql", "timeout_s", "max_rows", "memory_mb", "max_bytes"}. It limits its own
+never imported): {"uri" (the database as a file: URI), "sql", "timeout_s", "max_rows", "memory_mb",
+"max_bytes"}. It limits its own
 address space and CPU time, caps SQLite's heap, opens the database read-only with an authorizer that
 allows reads and functions only, interrupts the query after timeout_s (the trainer kills the process
 soon after, should one SQLite step run on), and prints one JSON line: {"rows": [[tagged value, ...],
@@ -15,7 +16,12 @@ import sqlite3
 import sys
 import time
 
-ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+ALLOWED = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+}
 
 
 def tag(v) -> list:

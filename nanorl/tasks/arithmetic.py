@@ -11,8 +11,9 @@ if TYPE_CHECKING:
     from nanorl.tasks import Task
 
 
-def arithmetic(digits: int = 2, operators: str = "+", eval_size: int = 200, seed: int = 0,
-               max_train: int = 50_000) -> Task:
+def arithmetic(
+    digits: int = 2, operators: str = "+", eval_size: int = 200, seed: int = 0, max_train: int = 50_000
+) -> Task:
     """Procedural arithmetic: "What is 23 + 45?" -> reward 1 if the final number is 68.
 
     Problems are distinct; the held-out split is drawn first and never appears in training.

@@ -16,17 +16,16 @@ from nanorl.errors import ConfigError
 
 
 def builtin_rewards() -> dict:
-    from nanorl.tasks.rewards import REWARDS
     from nanorl.tasks.code import code_reward
     from nanorl.tasks.countdown import countdown_reward
     from nanorl.tasks.math_answer import math_reward
+    from nanorl.tasks.rewards import REWARDS
     from nanorl.tasks.sql import sql_reward
 
     return {**REWARDS, "math": math_reward, "code": code_reward, "sql": sql_reward, "countdown": countdown_reward}
 
 
-def builtin_task(name, digits: int = 2, operators: str = "+", eval_size: int = 200, seed: int = 0,
-                 prompt_field: str = "prompt", answer_field: str = "answer"):
+def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_field="prompt", answer_field="answer"):
     """A built-in task by name, or a task from data: a file, a folder, a hub id, or a datasets.Dataset."""
     if name == "arithmetic":
         from nanorl.tasks.arithmetic import arithmetic
@@ -44,15 +43,23 @@ def builtin_task(name, digits: int = 2, operators: str = "+", eval_size: int = 2
     elif isinstance(name, str) and name.startswith("gsm8k:"):
         from nanorl.tasks.math_answer import gsm8k_task
 
-        task = gsm8k_task(name[len("gsm8k:"):], eval_size=eval_size, seed=seed)
+        task = gsm8k_task(name[len("gsm8k:") :], eval_size=eval_size, seed=seed)
     elif not isinstance(name, str) or "/" in name or Path(name).suffix or Path(name).exists():
         from nanorl.tasks.files import file_task  # a data file or folder, a hub id, a datasets.Dataset
 
-        task = file_task(name, reward="final_number", eval_size=eval_size, seed=seed,
-                         prompt_field=prompt_field, answer_field=answer_field)
+        task = file_task(
+            name,
+            reward="final_number",
+            eval_size=eval_size,
+            seed=seed,
+            prompt_field=prompt_field,
+            answer_field=answer_field,
+        )
     else:
-        raise ConfigError(f"config key 'task': unknown task {name!r} (use arithmetic, countdown, code, sql, "
-                          f"gsm8k:FILE.jsonl, a data file (.jsonl, .json, .csv, .parquet), a dataset folder or hub id)")
+        raise ConfigError(
+            f"config key 'task': unknown task {name!r} (use arithmetic, countdown, code, sql, "
+            f"gsm8k:FILE.jsonl, a data file (.jsonl, .json, .csv, .parquet), a dataset folder or hub id)"
+        )
     return task
 
 
@@ -64,8 +71,10 @@ def load_reward(name: str) -> Callable:
     if name in builtin:
         return builtin[name]
     if ":" not in name:
-        raise ConfigError(f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
-                         f"or module:function, or file.py:function)")
+        raise ConfigError(
+            f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
+            f"or module:function, or file.py:function)"
+        )
     where, fn_name = name.rsplit(":", 1)
     if where.endswith(".py"):
         if not Path(where).is_file():

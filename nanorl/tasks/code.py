@@ -1,6 +1,7 @@
 """Code rewards: run the completion's program in the sandbox, then judge what it returned outside it.
 
-    code_reward(prompt, "```python\\ndef add(a, b):\\n    return a + b\\n```", tests=[{"call": "add(1, 2)", "expected": "3"}])
+    code_reward(prompt, "```python\\ndef add(a, b):\\n    return a + b\\n```",
+                tests=[{"call": "add(1, 2)", "expected": "3"}])
     task = code_task()                     # the built-in set: 40 small functions written for nanorl
 
 Tests are either {"call": "f(1, 2)", "expected": "3"} (a Python expression and the literal it must
@@ -35,7 +36,7 @@ from nanorl.tasks.sandbox import Limits, SandboxError, run_many
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.S)
 MAX_DEPTH, MAX_NODES = 64, 100_000  # of one decoded value
 
-RUNNER = '''
+RUNNER = """
 import json as _json, os as _os
 _exprs = {exprs!r}
 _out = _os.fdopen(3, "w")
@@ -68,7 +69,7 @@ for _i, _e in enumerate(_exprs):
         _line = _json.dumps([_i, ["!"]])
     _out.write(_line + "\\n")
     _out.flush()
-'''
+"""
 
 
 # --- tests -> (expressions for the sandbox, checks for the judge) ---
@@ -79,17 +80,31 @@ _CONSTRUCTORS = {"frozenset": frozenset, "float": float}  # frozenset({1}), floa
 def _literal(node: ast.expr):
     """(True, value) where `node` is a Python literal (or frozenset/float of one), else (False, None)."""
     try:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CONSTRUCTORS and \
-                len(node.args) == 1 and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _CONSTRUCTORS
+            and len(node.args) == 1
+            and not node.keywords
+        ):
             return True, _CONSTRUCTORS[node.func.id](ast.literal_eval(node.args[0]))
         return True, ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return False, None
 
 
-_OPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-        ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_OPS = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
 
 
 def plan_assert(node: ast.expr, exprs: list[str]) -> tuple:
@@ -133,6 +148,7 @@ def plan(tests: list[dict]) -> tuple[list[str], list[tuple]]:
 
 
 # --- the sandbox's output -> values ---
+
 
 class Malformed(ValueError):
     """The program's output is not what the runner writes."""
@@ -202,6 +218,7 @@ def parse_values(data: bytes, n: int) -> list:
 
 # --- judging ---
 
+
 def same(a, b) -> bool:
     """Equal and of the same built-in types all the way down (so 1 is not True, nor 1.0)."""
     if type(a) is not type(b):
@@ -251,8 +268,9 @@ def extract_code(completion: str) -> str:
     return m.group(1) if m else completion
 
 
-def score_programs(completions: list[str], tests: list[list[dict]], all_or_nothing: bool = False,
-                   limits: Limits | None = None):
+def score_programs(
+    completions: list[str], tests: list[list[dict]], all_or_nothing: bool = False, limits: Limits | None = None
+):
     """-> tasks.Scores: each completion's score, with the flags "failed" and "malformed" per completion."""
     from nanorl.errors import RewardSetupError
     from nanorl.tasks import Scores

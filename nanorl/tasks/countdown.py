@@ -17,8 +17,12 @@ import re
 from fractions import Fraction
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b}
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 
 
 def _value(node, used: list):
@@ -58,7 +62,10 @@ def countdown_task(count: int = 3, max_number: int = 20, eval_size: int = 200, s
             continue
         seen.add(key)
         shown = rng.sample(nums, len(nums))
-        prompt = (f"Using the numbers {shown}, create an equation that equals {target}. You can use + - * / and "
-                  f"each number exactly once. Give the equation in <answer> </answer> tags, e.g. <answer>(1 + 2) * 3</answer>.")
+        prompt = (
+            f"Using the numbers {shown}, create an equation that equals {target}. You can use + - * / and "
+            f"each number exactly once. Give the equation in <answer> </answer> tags, e.g. "
+            f"<answer>(1 + 2) * 3</answer>."
+        )
         examples.append(Example(prompt, {"numbers": shown, "target": target}))
     return Task("countdown", train=examples[eval_size:], eval=examples[:eval_size], reward=countdown_reward)

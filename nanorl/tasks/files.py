@@ -1,6 +1,6 @@
 """Data through Hugging Face `datasets`: every command reads its rows with `load_rows`.
 
-    train, held_out = load_rows("rows.jsonl")        # .json .jsonl .csv .parquet .arrow .txt, also .gz / .bz2 / .xz / .zst
+    train, held_out = load_rows("rows.jsonl")        # .json .jsonl .csv .parquet .arrow .txt, .gz/.bz2/.xz/.zst
     train, held_out = load_rows("saved_folder")      # a folder from `Dataset.save_to_disk`, or a folder of data files
     train, held_out = load_rows("trl-lib/tldr")      # a hub dataset id (where a network exists)
     train, held_out = load_rows(dataset)             # a `datasets.Dataset` or `DatasetDict` from Python
@@ -37,7 +37,7 @@ def _bad_json_line(path: Path) -> str | None:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt") as f:
-            for n, line in enumerate(f, 1):
+            for n, line in enumerate(f, 1):  # noqa: B007 (n names the bad line below)
                 if line.strip():
                     json.loads(line)
     except json.JSONDecodeError as e:
@@ -72,7 +72,11 @@ def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None
     if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
         train, held = _splits(source)
         return train.to_list(), held.to_list() if held is not None else None
-    path, quiet, level = Path(str(source)), datasets.utils.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    path, quiet, level = (
+        Path(str(source)),
+        datasets.utils.are_progress_bars_disabled(),
+        datasets.logging.get_verbosity(),
+    )
     datasets.disable_progress_bars()  # for this read only, as its error log (our message says it): restored below
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
@@ -105,8 +109,14 @@ def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None
     return train.to_list(), held.to_list() if held is not None else None
 
 
-def file_task(source, reward: str = "final_number", eval_size: int = 200, seed: int = 0,
-              prompt_field: str = "prompt", answer_field: str = "answer") -> Task:
+def file_task(
+    source,
+    reward: str = "final_number",
+    eval_size: int = 200,
+    seed: int = 0,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+) -> Task:
     """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field` is also
     passed to the reward as `answer`. The held-out set is the source's test/validation split (its first
     eval_size rows) or, without one, the first eval_size rows (at most half) after a seeded shuffle."""
@@ -120,8 +130,9 @@ def file_task(source, reward: str = "final_number", eval_size: int = 200, seed: 
         out = []
         for n, row in enumerate(part, 1):
             if prompt_field not in row:
-                raise ConfigError(f"{source}: {label} row {n} has no field '{prompt_field}' (set prompt_field; "
-                                  f"fields: {sorted(row)})")
+                raise ConfigError(
+                    f"{source}: {label} row {n} has no field '{prompt_field}' (set prompt_field; fields: {sorted(row)})"
+                )
             row = dict(row)
             prompt = row.pop(prompt_field)
             if answer_field != "answer" and answer_field in row:

@@ -19,8 +19,11 @@ from pathlib import Path
 _HASHES = re.compile(r"####\s*([^\n]+)")
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?")
-_UNITS = re.compile(r"\\(?:text|mathrm)\{[^}]*\}|\$|%|\\%|\b(?:dollars?|cents?|cm|km|kg|g|m|hours?|minutes?|"
-                    r"units?|degrees?)\b", re.I)
+_UNITS = re.compile(
+    r"\\(?:text|mathrm)\{[^}]*\}|\$|%|\\%|\b(?:dollars?|cents?|cm|km|kg|g|m|hours?|minutes?|"
+    r"units?|degrees?)\b",
+    re.I,
+)
 
 
 def last_boxed(text: str) -> str | None:
@@ -89,8 +92,12 @@ def gsm8k_task(path: str | Path, eval_size: int = 200, seed: int = 0):
             row = json.loads(line)
             if "question" not in row or "####" not in str(row.get("answer", "")):
                 raise ValueError(f"{path}:{n}: expected 'question' and an 'answer' ending in '#### <number>'")
-            rows.append(Example(row["question"] + "\nGive the final answer after '####'.",
-                                {"answer": row["answer"].split("####")[-1].strip()}))
+            rows.append(
+                Example(
+                    row["question"] + "\nGive the final answer after '####'.",
+                    {"answer": row["answer"].split("####")[-1].strip()},
+                )
+            )
     random.Random(seed).shuffle(rows)
     n_eval = min(eval_size, len(rows) // 2)
     return Task(path.stem, train=rows[n_eval:], eval=rows[:n_eval], reward=math_reward)

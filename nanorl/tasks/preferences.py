@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanorl.errors import ConfigError
 from nanorl.data import encode_reply
+from nanorl.errors import ConfigError
 
 BUILTIN = {"builtin:arithmetic": Path(__file__).with_name("data") / "arithmetic_prefs.jsonl"}
 
@@ -47,7 +47,7 @@ def _common_prompt(chosen: str, rejected: str) -> str:
     """The shared beginning of two strings (TRL's implicit prompt): up to the first difference, a space just before
     it left to the replies."""
     n = next((i for i, (a, b) in enumerate(zip(chosen, rejected)) if a != b), min(len(chosen), len(rejected)))
-    return chosen[:n - 1] if n and chosen[n - 1] == " " else chosen[:n]
+    return chosen[: n - 1] if n and chosen[n - 1] == " " else chosen[:n]
 
 
 def preference(row: dict, where: str) -> Pair:
@@ -57,14 +57,16 @@ def preference(row: dict, where: str) -> Pair:
     chosen, rejected, prompt = row["chosen"], row["rejected"], row.get("prompt")
     if prompt is None and isinstance(chosen, list):  # implicit prompt, conversational: the turns both share
         if len(chosen) < 2 or chosen[:-1] != rejected[:-1]:
-            raise ConfigError(f"{where}: without a 'prompt', chosen and rejected must be conversations that share "
-                              f"every turn but the last")
+            raise ConfigError(
+                f"{where}: without a 'prompt', chosen and rejected must be conversations that share "
+                f"every turn but the last"
+            )
         prompt = chosen[:-1]
     elif prompt is None:  # implicit prompt, standard: the common beginning of the two strings
         prompt = _common_prompt(str(chosen), str(rejected))
         if not prompt:
             raise ConfigError(f"{where}: missing field 'prompt' (chosen and rejected share no beginning)")
-        chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]
+        chosen, rejected = chosen[len(prompt) :], rejected[len(prompt) :]
     return Pair(prompt, _reply(chosen, where, "chosen"), _reply(rejected, where, "rejected"))
 
 
@@ -78,8 +80,9 @@ def reply(row: dict, where: str) -> Pair:
         return Pair(None, str(row["text"]), "")
     if row.get("prompt") is not None and (row.get("completion") is not None or row.get("chosen") is not None):
         return Pair(row["prompt"], _reply(row.get("completion", row.get("chosen")), where, "completion"), "")
-    raise ConfigError(f"{where}: expected fields 'prompt' and 'completion', 'messages', 'text', or 'chosen' "
-                      f"(found {sorted(row)})")
+    raise ConfigError(
+        f"{where}: expected fields 'prompt' and 'completion', 'messages', 'text', or 'chosen' (found {sorted(row)})"
+    )
 
 
 def _parsed(source, kind: str) -> tuple[list[Pair], list[Pair] | None]:
@@ -90,8 +93,10 @@ def _parsed(source, kind: str) -> tuple[list[Pair], list[Pair] | None]:
     what = {"preference": "preference data", "sft": "SFT data"}[kind]
     rows, held = load_rows(BUILTIN.get(str(source), source), what)
     parse = preference if kind == "preference" else reply
-    return ([parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)],
-            None if held is None else [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)])
+    return (
+        [parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)],
+        None if held is None else [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)],
+    )
 
 
 def read_pairs(source, kind: str, eval_fraction: float = 0.2, seed: int = 0) -> tuple[list[Pair], list[Pair]]:
@@ -119,21 +124,30 @@ def encode_conversation(tok, turns: list[dict], max_length: int) -> dict:
     """A conversation's ids split at its first assistant turn -> {prompt, chosen, weight: 1 on every assistant
     turn's tokens (its end-of-turn token included), 0 on the turns between}. Each turn's span is found by
     rendering the conversation up to it, so the chat template decides the tokens."""
+
     def ids(msgs, gen=False):
-        return tok(tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False), add_special_tokens=False)["input_ids"]
+        return tok(tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
 
     full, weight, first = ids(turns), [], None
     for i, m in enumerate(turns):
         if m.get("role") == "assistant":
-            start, end = len(ids(turns[:i], gen=True)), len(ids(turns[:i + 1]))
-            if ids(turns[:i + 1]) != full[:end]:
-                raise ConfigError("SFT 'messages': this chat template renders a conversation differently from its "
-                                  "turns (e.g. it drops earlier reasoning), so assistant turns cannot be located")
+            start, end = len(ids(turns[:i], gen=True)), len(ids(turns[: i + 1]))
+            if ids(turns[: i + 1]) != full[:end]:
+                raise ConfigError(
+                    "SFT 'messages': this chat template renders a conversation differently from its "
+                    "turns (e.g. it drops earlier reasoning), so assistant turns cannot be located"
+                )
             first = start if first is None else first
             weight += [0.0] * (start - len(weight)) + [1.0] * (end - start)
-    full = full[:len(weight)][:max_length]
-    return {"prompt": full[:first], "chosen": full[first:], "weight": weight[first:len(full)],
-            "cut": len(weight) > max_length}
+    full = full[: len(weight)][:max_length]
+    return {
+        "prompt": full[:first],
+        "chosen": full[first:],
+        "weight": weight[first : len(full)],
+        "cut": len(weight) > max_length,
+    }
 
 
 def encode_rows(tok, pairs, cfg, fields=("chosen", "rejected")) -> list[dict]:
@@ -157,15 +171,17 @@ def encode_sft(tok, pairs, cfg) -> list[dict]:
         if p.turns is not None:
             rows.append(encode_conversation(tok, p.turns, cfg.max_length))
         elif p.prompt is None:
-            ids = (tok(p.chosen)["input_ids"] + [tok.eos_token_id])
-            rows.append({"prompt": ids[:1], "chosen": ids[1:cfg.max_length], "cut": len(ids) > cfg.max_length})
+            ids = tok(p.chosen)["input_ids"] + [tok.eos_token_id]
+            rows.append({"prompt": ids[:1], "chosen": ids[1 : cfg.max_length], "cut": len(ids) > cfg.max_length})
         else:
             rows += encode_rows(tok, [p], cfg, fields=("chosen",))
     for r, p in zip(rows, pairs):
         r.setdefault("weight", [1.0] * len(r["chosen"]))
         if not sum(r["weight"]):
-            raise ConfigError(f"an SFT row has no token to train (an empty text or reply, or max_length "
-                              f"{cfg.max_length} cuts every assistant turn): {str(p.turns or p.prompt)[:120]!r}")
+            raise ConfigError(
+                f"an SFT row has no token to train (an empty text or reply, or max_length "
+                f"{cfg.max_length} cuts every assistant turn): {str(p.turns or p.prompt)[:120]!r}"
+            )
     return rows
 
 
@@ -186,15 +202,17 @@ def arithmetic_preferences(n: int = 400, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for ex in arithmetic(digits=2, operators="+").train[:n]:
-        a, b = (int(x) for x in ex.prompt[len("What is "):-1].split(" + "))
+        a, b = (int(x) for x in ex.prompt[len("What is ") : -1].split(" + "))
         c = ex.fields["answer"]
         wrong = rng.choice([c + 10, c - 10, c + 1, c - 1, c + 100, a * b])
-        rejected = rng.choice([
-            f"{a} + {b} = {wrong}.",
-            f"To add {a} and {b}, we combine the ones and the tens, which gives {wrong}.",
-            f"To add {a} and {b}, we need to combine the numbers in a specific way. We can do this by",
-            f"{a} + {b} = {wrong}\n\nThis is a classic example of a mathematical identity.",
-        ])
+        rejected = rng.choice(
+            [
+                f"{a} + {b} = {wrong}.",
+                f"To add {a} and {b}, we combine the ones and the tens, which gives {wrong}.",
+                f"To add {a} and {b}, we need to combine the numbers in a specific way. We can do this by",
+                f"{a} + {b} = {wrong}\n\nThis is a classic example of a mathematical identity.",
+            ]
+        )
         chosen = rng.choice([f"{a} + {b} = {c}.", f"{a} + {b} = {c}", f"The answer is {c}."])
         rows.append({"prompt": ex.prompt, "chosen": chosen, "rejected": rejected})
     return rows

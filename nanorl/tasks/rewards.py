@@ -70,8 +70,14 @@ def length_penalty(prompt, completion: str, max_words: int = 100, **_) -> float:
     return -min(1.0, max(0, len(completion.split()) - max_words) / max_words)
 
 
-REWARDS = {"final_number": final_number, "exact": exact, "contains": contains, "think_answer_format": think_answer_format,
-           "answer_tag": answer_tag, "length_penalty": length_penalty}
+REWARDS = {
+    "final_number": final_number,
+    "exact": exact,
+    "contains": contains,
+    "think_answer_format": think_answer_format,
+    "answer_tag": answer_tag,
+    "length_penalty": length_penalty,
+}
 
 
 # ---------------------------------------------------------------------------- TRL's reward form
@@ -112,10 +118,13 @@ class BatchedReward:
         """The keywords TRL would pass (those the function accepts, unless it takes **kwargs)."""
         chat = bool(prompts) and not isinstance(prompts[0], str)
         columns = {k: [f.get(k) for f in fields] for k in dict.fromkeys(k for f in fields for k in f)}
-        kwargs = {**columns, "prompts": list(prompts), "completion_ids": completion_ids,
-                  "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat
-                  else list(completions),
-                  "trainer_state": TrainerState(step, max(steps, step, 1))}
+        kwargs = {
+            **columns,
+            "prompts": list(prompts),
+            "completion_ids": completion_ids,
+            "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions),
+            "trainer_state": TrainerState(step, max(steps, step, 1)),
+        }
         return kwargs if self.takes_all else {k: v for k, v in kwargs.items() if k in self.params}
 
     def batch(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> list:
@@ -123,14 +132,17 @@ class BatchedReward:
         try:
             self.signature.bind(**kwargs)
         except TypeError as e:
-            raise RewardSetupError(f"reward '{self.__name__}' cannot be called with TRL's arguments "
-                                   f"{sorted(kwargs)}: {e}") from None
+            raise RewardSetupError(
+                f"reward '{self.__name__}' cannot be called with TRL's arguments {sorted(kwargs)}: {e}"
+            ) from None
         out = self.fn(**kwargs)
         out = out.tolist() if hasattr(out, "tolist") else out  # a numpy array or a tensor, as TRL accepts
         if not isinstance(out, (list, tuple)) or len(out) != len(completions):
-            raise RewardSetupError(f"reward '{self.__name__}' must return a list of {len(completions)} values "
-                                   f"(one per completion), got {type(out).__name__} of length "
-                                   f"{len(out) if hasattr(out, '__len__') else '?'}")
+            raise RewardSetupError(
+                f"reward '{self.__name__}' must return a list of {len(completions)} values "
+                f"(one per completion), got {type(out).__name__} of length "
+                f"{len(out) if hasattr(out, '__len__') else '?'}"
+            )
         return list(out)
 
 

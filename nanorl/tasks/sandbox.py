@@ -118,7 +118,7 @@ def run_python(code: str, limits: Limits | None = None) -> Result:
             return _run(code, limits, userns=True)
         except SandboxError as e:
             USER_NAMESPACES = False
-            warnings.warn(f"the code sandbox runs without namespaces from now on: {e}")
+            warnings.warn(f"the code sandbox runs without namespaces from now on: {e}", stacklevel=2)
     return _run(code, limits, userns=False)
 
 
@@ -131,14 +131,33 @@ def _run(code: str, limits: Limits, userns: bool) -> Result:
             (tmp / "program.py").write_text(code)
             (tmp / "work").mkdir()
             (tmp / "root").mkdir()
-            cfg = {"program": str(tmp / "program.py"), "workdir": str(tmp / "work"), "root": str(tmp / "root"),
-                   "data": str(tmp / "data"), "status": str(tmp / "status"), "uid": uid, "hide": HIDDEN,
-                   "userns": userns, "wall_s": limits.wall_s, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
-                   "procs": limits.procs, "file_bytes": limits.file_bytes, "tmp_mb": limits.tmp_mb}
+            cfg = {
+                "program": str(tmp / "program.py"),
+                "workdir": str(tmp / "work"),
+                "root": str(tmp / "root"),
+                "data": str(tmp / "data"),
+                "status": str(tmp / "status"),
+                "uid": uid,
+                "hide": HIDDEN,
+                "userns": userns,
+                "wall_s": limits.wall_s,
+                "cpu_s": limits.cpu_s,
+                "memory_mb": limits.memory_mb,
+                "procs": limits.procs,
+                "file_bytes": limits.file_bytes,
+                "tmp_mb": limits.tmp_mb,
+            }
             with open(tmp / "stdout", "wb+") as out, open(tmp / "stderr", "wb+") as err:
-                proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(cfg)], stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, cwd=tmp, env={"PATH": "/usr/bin:/bin"},
-                                        start_new_session=True, pass_fds=() if lock is None else (lock,))
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(cfg)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=tmp,
+                    env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True,
+                    pass_fds=() if lock is None else (lock,),
+                )
                 try:
                     proc.wait(timeout=limits.wall_s + 10)  # the launcher keeps the wall clock; this is a backstop
                 except subprocess.TimeoutExpired:
@@ -155,12 +174,15 @@ def _run(code: str, limits: Limits, userns: bool) -> Result:
             try:
                 report = json.loads((tmp / "status").read_text())
             except (OSError, ValueError):
-                report = {"timeout": True} if proc.returncode == -signal.SIGKILL else \
-                    {"error": f"the sandbox launcher failed (exit {proc.returncode}): {stderr[-2000:]}"}
+                report = (
+                    {"timeout": True}
+                    if proc.returncode == -signal.SIGKILL
+                    else {"error": f"the sandbox launcher failed (exit {proc.returncode}): {stderr[-2000:]}"}
+                )
             if "error" in report:
                 raise SandboxError(report["error"])
             rc, reason = _reason(report)
-            data = (tmp / "data").read_bytes()[:limits.file_bytes] if (tmp / "data").is_file() else b""
+            data = (tmp / "data").read_bytes()[: limits.file_bytes] if (tmp / "data").is_file() else b""
             return Result(not reason, rc, stdout, stderr, reason, data)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -11,7 +11,8 @@ interrupts the query at `timeout_s`). The database is opened read-only (`mode=ro
 an authorizer allows reads and functions only (no ATTACH, no PRAGMA, no writes), and only one
 statement runs. The result comes back as tagged plain data, at most `max_rows` rows and `MAX_BYTES`,
 and is parsed defensively: anything malformed, too large, slow or failing scores 0 (`sql_reward.batch`
-flags each "killed" or "malformed" sample, logged as reward/<part>_killed_mean and reward/<part>_malformed_mean). Result sets compare as multisets of rows, or as lists when the reference query
+flags each "killed" or "malformed" sample, logged as reward/<part>_killed_mean and reward/<part>_malformed_mean).
+Result sets compare as multisets of rows, or as lists when the reference query
 has an ORDER BY; floats compare to 6 decimals. Reference results are computed once per database file.
 `sql_reward.batch` runs a batch's queries in parallel across cores.
 """
@@ -66,17 +67,30 @@ def run_query(db: str | Path, sql: str, timeout_s: float = 2.0, max_rows: int = 
     past timeout_s + KILL_GRACE_S, never uses more than memory_mb."""
     if not Path(db).is_file():
         raise FileNotFoundError(f"SQL task database not found: {db}")
-    req = {"uri": Path(db).resolve().as_uri(), "sql": sql, "timeout_s": timeout_s, "max_rows": max_rows,
-           "memory_mb": memory_mb, "max_bytes": MAX_BYTES}
+    req = {
+        "uri": Path(db).resolve().as_uri(),
+        "sql": sql,
+        "timeout_s": timeout_s,
+        "max_rows": max_rows,
+        "memory_mb": memory_mb,
+        "max_bytes": MAX_BYTES,
+    }
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", str(WORKER)], input=json.dumps(req), capture_output=True,
-                              text=True, timeout=timeout_s + KILL_GRACE_S, env={}, cwd="/")
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", str(WORKER)],
+            input=json.dumps(req),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + KILL_GRACE_S,
+            env={},
+            cwd="/",
+        )
     except subprocess.TimeoutExpired:  # run() has killed it
         return None, f"{KILLED} after {timeout_s + KILL_GRACE_S:.1f} s"
     if done.returncode != 0:
         return None, f"the query's process ended with {done.returncode}: {done.stderr[-300:]}"
     try:
-        return parse_rows(done.stdout[:MAX_BYTES + 100], max_rows)
+        return parse_rows(done.stdout[: MAX_BYTES + 100], max_rows)
     except (Malformed, RecursionError, MemoryError) as e:
         return None, f"{MALFORMED}: {e}"
 
@@ -131,8 +145,10 @@ def _batch(prompts, completions, fields: list[dict], *_, **__):
     with ThreadPoolExecutor(max_workers=workers) as pool:
         scored = list(pool.map(lambda c, f: _score(c, **f), completions, fields))
     errors = [err or "" for _, err in scored]
-    return Scores([score for score, _ in scored], {"killed": [e.startswith(KILLED) for e in errors],
-                                                   "malformed": [e.startswith(MALFORMED) for e in errors]})
+    return Scores(
+        [score for score, _ in scored],
+        {"killed": [e.startswith(KILLED) for e in errors], "malformed": [e.startswith(MALFORMED) for e in errors]},
+    )
 
 
 sql_reward.batch = _batch
@@ -161,12 +177,21 @@ def sql_task(eval_size: int = 10, seed: int = 0, db_dir: str | Path | None = Non
     from nanorl.tasks import Example, Task
 
     db = build_db(Path(db_dir or cache_dir()) / "sql" / "company.db")
-    schema = "\n".join(r[0] + ";" for r in sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
-        "SELECT sql FROM sqlite_master WHERE type = 'table' ORDER BY name"))
+    schema = "\n".join(
+        r[0] + ";"
+        for r in sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' ORDER BY name"
+        )
+    )
     rows = [json.loads(line) for line in (DATA / "sql_tasks.jsonl").read_text().splitlines() if line.strip()]
     random.Random(seed).shuffle(rows)
     if not 0 < eval_size < len(rows):
         raise ValueError(f"config key 'eval_size': the SQL task has {len(rows)} questions; hold out 1..{len(rows) - 1}")
-    examples = [Example(f"SQLite database schema:\n{schema}\n\n{r['question']} Reply with one SQL query in a ```sql block.",
-                        {"db": str(db), "query": r["query"]}) for r in rows]
+    examples = [
+        Example(
+            f"SQLite database schema:\n{schema}\n\n{r['question']} Reply with one SQL query in a ```sql block.",
+            {"db": str(db), "query": r["query"]},
+        )
+        for r in rows
+    ]
     return Task("sql", train=examples[eval_size:], eval=examples[:eval_size], reward=sql_reward)
