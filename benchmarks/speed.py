@@ -19,7 +19,7 @@ timed ones; we report medians and the min-max spread.
                Ideal times follow: 2 N FLOPs per token through the model, 6 N per trained token,
                with N the weights that take part in matmuls (the tied embedding counts as the head).
     generate   `model.generate` for the same rows (each prompt repeated once per sample, as TRL does).
-    nanorl     a GRPO step of nanorl's own pieces (`online.rollout_and_score`, the group advantage,
+    nanorl     a GRPO step of nanorl's own pieces (`online.rollout` and `online.reward`, the group advantage,
                `update.policy_backward`, `optimizer_step`), timed phase by phase; the update is run twice:
                as the loop runs it (rows whose advantage is exactly 0 are skipped) and with every one
                of the rows trained (the same work TRL does), on alternate steps.
@@ -30,7 +30,7 @@ timed ones; we report medians and the min-max spread.
     profile    torch.profiler over one nanorl step (rollout, and an update of every row): the top
                operators by self time, written to OUT/profile_nanorl.txt.
 
-Writes OUT/speed.json (everything) and OUT/table.md (the README's table).
+Writes OUT/speed.json (everything) and OUT/table.md (the table of docs/speed.md).
 """
 
 from __future__ import annotations
@@ -300,22 +300,13 @@ def nanorl_run(a):
 
 
 def nanorl_rollout(cfg, run, examples, r: int, timer: dict):
-    """One rollout and its rewards, as the loop runs it at step r."""
-    from nanorl.online import rollout_and_score
+    """One rollout and its rewards, as the loop runs it at step r -> rollouts, texts, rewards (N,), reward parts."""
+    from nanorl import online
     from nanorl.seeds import derive_seed
 
-    return rollout_and_score(
-        run.sampler,
-        run.tok,
-        run.task,
-        None,
-        examples,
-        cfg,
-        derive_seed(SEED, r, "rollout"),
-        timer,
-        run.device,
-        run.backend,
-    )
+    roll, texts = online.rollout(run.sampler, run.tok, examples, cfg, derive_seed(SEED, r, "rollout"), timer)
+    rewards, parts = online.reward(run.task, None, examples, texts, roll, cfg, timer, run.device, run.backend)
+    return roll, texts, rewards, parts
 
 
 def nanorl_update(cfg, run, roll, adv) -> None:
@@ -552,7 +543,7 @@ def ceiling(n: dict, g: dict, a, N: int, rate: float) -> float:
 
 
 def report(res: dict, a) -> str:
-    """The README table: ratios from this one run."""
+    """The table of docs/speed.md: ratios from this one run."""
     roof_info = res.get("roofline", {})
     lines = [
         f"Commit {res.get('commit', '?')}, {res.get('machine', '?')}. "

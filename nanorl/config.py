@@ -230,7 +230,7 @@ COMMANDS = {
 
 # Each preset is a set of knob values; the loop never branches on the algorithm's name.
 PRESETS: dict[str, dict] = {
-    "grpo": {},  # DeepSeekMath arXiv 2402.03300, with the token-level loss (README, Algorithms)
+    "grpo": {},  # DeepSeekMath arXiv 2402.03300, with the token-level loss (docs/algorithms.md)
     "dr_grpo": {"scale_adv_by_std": False, "loss_agg": "constant"},  # arXiv 2503.20783
     "dapo": {"clip_high": 0.28, "dynamic_sampling": 3, "loss_agg": "token", "overlong": "soft"},  # 2503.14476
     "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},  # 2507.18071

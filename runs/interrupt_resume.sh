@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default run, interrupted and resumed, next to the same run left alone (README, "Watching a run").
+# The default run, interrupted and resumed, next to the same run left alone (docs/results.md, "Stopped and resumed").
 #   bash runs/interrupt_resume.sh OUT [STOP_AFTER_STEP] [ALONE]
 # 1. OUT/alone: `nanorl train` from start to end (or ALONE: the folder of such a run made earlier).
 # 2. OUT/interrupted: the same run; after STOP_AFTER_STEP (default 13) steps are logged it gets SIGTERM, writes a

@@ -1,4 +1,4 @@
-"""Practitioner warnings (integrations/warnings.py): each fires on the run that earns it, is printed once and
+"""Practitioner warnings (logger.py, RULES): each fires on the run that earns it, is printed once and
 recorded in the metrics; the default run fires none."""
 
 import json

