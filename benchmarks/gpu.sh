@@ -41,7 +41,10 @@ limit=${GPU_SH_STAGE_TIMEOUT:-300}
 deadline=$((SECONDS + ${GPU_SH_DEADLINE:-1000000}))
 [ -n "${stages//,/}" ] || { echo "gpu.sh: no stage named" >&2; exit 2; }
 for s in ${stages//,/ }; do
-  case $s in tests|speed|speed_big|lora_speed|lora|strategies) ;; *) echo "gpu.sh: unknown stage '$s'" >&2; exit 2;; esac
+  case $s in
+    tests|speed|speed_big|lora_speed|lora|strategies) ;;
+    *) echo "gpu.sh: unknown stage '$s'" >&2; exit 2;;
+  esac
 done
 mkdir -p "$out"
 if [ -d "$model" ] && ! ls "$model"/*.safetensors >/dev/null 2>&1; then
@@ -80,7 +83,9 @@ stage() {  # stage NAME COMMAND...: run under the time limit, log to OUT/NAME.lo
   echo "[gpu] stage $name (at most $cap s): $*"
   timeout -k 30 "$cap" "$@" 2>&1 | tee "$out/$name.log" | tail -n 25
   local rc=${PIPESTATUS[0]}
-  local what=ok; [ "$rc" = 124 ] && what="timed out after $cap s"; [ "$rc" != 0 ] && [ "$rc" != 124 ] && what="failed ($rc)"
+  local what=ok
+  [ "$rc" = 124 ] && what="timed out after $cap s"
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] && what="failed ($rc)"
   summary+=("$name: $what, $((SECONDS - t0)) s")
 }
 for s in ${stages//,/ }; do
@@ -90,10 +95,12 @@ for s in ${stages//,/ }; do
     speed) stage speed "${speed[@]}" --micro-batch-size 64 --out "$out/8x8x32" ;;
     speed_big) stage speed_big "${speed[@]}" --micro-batch-size 256 --out "$out/32x8x256" \
                  --parts roofline,generate,nanorl,trl --prompts 32 --samples 8 --new-tokens 256 ;;
-    lora_speed) stage lora_speed "${speed[@]}" --micro-batch-size 64 --lora-r 16 --parts nanorl,trl --out "$out/8x8x32_lora" ;;
+    lora_speed) stage lora_speed "${speed[@]}" --micro-batch-size 64 --lora-r 16 --parts nanorl,trl \
+                  --out "$out/8x8x32_lora" ;;
     lora) stage lora python3 benchmarks/lora_memory.py --device "$device" --reps 2 --micro 64 \
             --modes lora,lora+ckpt,full,full+ckpt --models "$models" --tokenizer "$model" --out "$out/lora" ;;
-    strategies) stage strategies python3 benchmarks/strategies.py --device "$device" --model "$model" --out "$out/strategies"
+    strategies) stage strategies python3 benchmarks/strategies.py --device "$device" --model "$model" \
+                  --out "$out/strategies"
                 stage strategies_lora python3 benchmarks/strategies.py --device "$device" --model "$model" \
                   --extra "--lora-r 16" --out "$out/strategies_lora" ;;
   esac

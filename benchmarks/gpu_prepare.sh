@@ -33,7 +33,8 @@ print(f"[prepare] .gpu/smollm2-135m-shape ({', '.join(sorted(p.name for p in dst
 EOF
 pins=$(python3 -m pip list --format freeze 2>/dev/null | grep -iE '^(trl|datasets|dill|multiprocess)==' || true)
 if [ "$(echo "$pins" | grep -c ==)" != 4 ]; then
-  echo "gpu_prepare.sh: trl, datasets, dill and multiprocess must be installed here (pip install -e \".[bench]\"); found: ${pins:-none}" >&2
+  echo "gpu_prepare.sh: trl, datasets, dill and multiprocess must be installed here" \
+       "(pip install -e \".[bench]\"); found: ${pins:-none}" >&2
   exit 1
 fi
 tmp=$(mktemp -d)

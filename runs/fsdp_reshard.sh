@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 out = sys.argv[1]
 runs = {r: [json.loads(x) for x in open(f"{out}/{r}/metrics.jsonl")] for r in ("straight", "resharded")}
 for a, b in zip(*runs.values()):
-    print(f"step {a['step']}: grad norm {a['optim/grad_norm']:.8f} (2 processes) {b['optim/grad_norm']:.8f} (resumed in 4)")
+    print(f"step {a['step']}: grad norm {a['optim/grad_norm']:.8f} (2 processes) "
+          f"{b['optim/grad_norm']:.8f} (resumed in 4)")
 a, b = (load_file(f"{out}/{r}/model/model.safetensors") for r in ("straight", "resharded"))
 print("final weights: max |difference|", max((a[k] - b[k]).abs().max().item() for k in a))
 PY

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The default run in two processes under torchrun next to the same run in one process (docs/results.md, "The default run under torchrun").
+# The default run in two processes under torchrun next to the same run in one process
+# (docs/results.md, "The default run under torchrun").
 #   bash runs/torchrun_cpu.sh OUT [ONE]
 # 1. OUT/two: `torchrun --nproc_per_node 2 -m nanorl.cli train`, each process one thread (torchrun's default
 #    OMP_NUM_THREADS=1), gloo: each samples, scores and trains half of every step's prompts.
