@@ -416,7 +416,7 @@ def part_trl(a) -> dict:
         disable_dropout=True,
     )
     peft_config = None
-    if a.lora_r:  # the same adapters as nanorl's --lora-r (config.RunConfig's defaults: alpha 32, all-linear)
+    if a.lora_r:  # the same adapters as nanorl's --lora-r (config.ScaleConfig's defaults: alpha 32, all-linear)
         from peft import LoraConfig
 
         peft_config = LoraConfig(

@@ -136,19 +136,8 @@ def load_state(path: Path, opt, sched, model=None) -> dict:
 
 
 # keys a resumed run may change: where it stops and what it reports, not what it computes
-RESUMABLE_CHANGES = {
-    "resume",
-    "steps",
-    "save_every",
-    "keep_last",
-    "eval_every",
-    "report_to",
-    "max_bad_steps",
-    "device",
-    "backend",
-    "grad_checkpointing",
-    "strategy",
-}
+RESUMABLE_CHANGES = set("resume steps save_every keep_last eval_every report_to max_bad_steps device backend".split())
+RESUMABLE_CHANGES |= {"grad_checkpointing", "strategy"}
 
 
 def check_resume(cfg, ckpt: Path) -> bool:

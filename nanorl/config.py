@@ -157,7 +157,17 @@ class OnlineConfig(OptimConfig, SamplingConfig, TaskConfig, ScaleConfig, RunConf
 
 
 @dataclass
-class GRPOConfig(OnlineConfig):
+class AgentConfig:
+    """Episodes: the model calls tools or acts in an environment over several turns (agents/)"""
+
+    tools: str = _f("", "tool functions, comma-separated module:fn or file.py:fn (TRL's contract; '' = none)")
+    environment: str = _f("", "an environment class, module:Class or file.py:Class: one instance per episode")
+    max_tool_calls: int = _f(8, "rounds of tool calls an episode may make before its last reply")
+    max_episode_tokens: int = _f(0, "model and tool tokens of an episode (0 = no cap but max_new_tokens)")
+
+
+@dataclass
+class GRPOConfig(AgentConfig, OnlineConfig):
     """GRPO and its family on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300); `nanorl train`"""
 
     algo: str = _f("grpo", "a preset of the knobs below (docs/algorithms.md); explicit keys override it")
@@ -266,7 +276,7 @@ RULES = {
     **dict.fromkeys("max_length batch_size eval_every eval_size k eval_k keep_last".split(), AT_LEAST_1),
     **dict.fromkeys("max_bad_steps warmup_steps save_every top_k kl_coef weight_decay grad_clip".split(), NOT_NEGATIVE),
     **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef".split(), NOT_NEGATIVE),
-    **dict.fromkeys("dynamic_sampling lora_r".split(), NOT_NEGATIVE),
+    **dict.fromkeys("dynamic_sampling lora_r max_tool_calls max_episode_tokens".split(), NOT_NEGATIVE),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha".split(), POSITIVE),
     **dict.fromkeys("gamma gae_lambda".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -353,8 +363,8 @@ def validate(cfg) -> None:
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OnlineConfig):
-        if cfg.rule_weight == 0 and not cfg.reward_model:
-            raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' too")
+        if cfg.rule_weight == 0 and not cfg.reward_model and not getattr(cfg, "environment", ""):
+            raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' or an 'environment'")
         batch = cfg.prompts_per_step * cfg.samples_per_prompt
         if cfg.minibatch_size and batch % cfg.minibatch_size:
             raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")

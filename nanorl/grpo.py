@@ -81,14 +81,19 @@ def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor, list[bool]]:
     return torch.zeros(len(keep)), keep
 
 
-def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_funcs=None, callbacks=()) -> dict:
+def train(
+    cfg, task=None, *, model=None, tokenizer=None, reward_funcs=None, callbacks=(), tools=None, environment_factory=None
+) -> dict:
     """From Python, besides the config: a Task or a datasets.Dataset, reward functions (nanorl's or TRL's form),
-    a model object (a PreTrainedModel or PeftModel) with its tokenizer, and callbacks fn(step, metrics)."""
+    a model object (a PreTrainedModel or PeftModel) with its tokenizer, callbacks fn(step, metrics), and TRL's
+    `tools=[fn, ...]` and `environment_factory=Class` (or {name: Class}) for episodes (agents/)."""
     # ------------------------------------------------------------------ setup
     if not isinstance(cfg, GRPOConfig):
         raise ConfigError(f"nanorl.grpo.train takes a GRPOConfig, got {type(cfg).__name__} (PPO: nanorl.ppo.train)")
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
-    cfg, device, backend, dtype, task, resuming = online.prepare(cfg, task, ckpt, model, reward_funcs)  # seeds, task
+    cfg, device, backend, dtype, task, resuming, agent = online.prepare(
+        cfg, task, ckpt, model, reward_funcs, tools, environment_factory
+    )  # seeds, task, resume?, tools
     policy, tok, ref, rm = online.load_models(
         cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer
     )
@@ -122,10 +127,10 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         # -------------------------------------------------------------- rollout
         t0, timer = time.perf_counter(), {"rollout": 0.0, "reward": 0.0, "tokens": 0}
         examples = online.step_examples(task, cfg, step)  # this rank's share of the step's prompts (torchrun)
-        roll, texts = online.rollout(sampler, tok, examples, cfg, derive_seed(cfg.seed, step, "rollout"), timer)
+        roll, texts = online.rollout(sampler, tok, examples, cfg, derive_seed(cfg.seed, step, "rollout"), timer, agent)
 
         # -------------------------------------------------------------- reward
-        rewards, parts = online.reward(task, rm, examples, texts, roll, cfg, timer, device, backend, step)  # (N,)
+        rewards, parts = online.reward(task, rm, examples, texts, roll, cfg, timer, device, backend, step, agent)
         first_rewards, refills = rewards, 0
         while cfg.dynamic_sampling:  # DAPO eq. 11: keep only groups whose rewards differ; refill the batch
             keep = informative_groups(rewards, group_size)
@@ -140,8 +145,10 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             draw = random.Random(derive_seed(cfg.seed, step, "refill", refills))
             more = [task.train[i] for i in draw.sample(range(len(task.train)), cfg.prompts_per_step)]
             seed = derive_seed(cfg.seed, step, "rollout", refills)
-            more_roll, more_texts = online.rollout(sampler, tok, more, cfg, seed, timer)
-            more_rewards, _ = online.reward(task, rm, more, more_texts, more_roll, cfg, timer, device, backend, step)
+            more_roll, more_texts = online.rollout(sampler, tok, more, cfg, seed, timer, agent)
+            more_rewards, _ = online.reward(
+                task, rm, more, more_texts, more_roll, cfg, timer, device, backend, step, agent
+            )
             examples, roll, texts = examples + more, roll + more_roll, texts + more_texts
             rewards = torch.cat([rewards, more_rewards])
         batch = len(roll.completion_ids)
@@ -154,7 +161,9 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
         if kl_in_reward:  # detached KL penalty folded into the reward
             kl_seq = sequence_kl(ref, roll, cfg, pad_id, device, backend)  # (N,)
             shaped = shaped - cfg.kl_coef * kl_seq
-        lengths = torch.tensor([len(c) for c in roll.completion_ids])  # (N,) the token-level estimators weigh by them
+        lengths = torch.tensor(
+            [roll.model_tokens(i) for i in range(batch)]
+        )  # (N,) model tokens: estimators weigh by them
         everyone = distributed.gather  # this rank's rows -> every rank's: the global batch (one process: the same)
         adv = ESTIMATORS[cfg.adv_estimator](
             everyone(shaped),
@@ -201,8 +210,9 @@ def train(cfg: GRPOConfig, task=None, *, model=None, tokenizer=None, reward_func
             "optim/lr": sched.get_last_lr()[0],
             "reward/errors": distributed.reduce(timer.get("reward_errors", 0)),
             **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
+            **(agent.metrics(roll) if agent else {}),  # episodes: turns, tool calls, model and tool tokens
         }
-        samples = online.sample_records(examples, texts, rewards, roll, group_size)
+        samples = online.sample_records(examples, texts, rewards, roll, group_size, agent)
         last, bad_steps = online.end_of_step(step + 1, metrics, samples, cfg, logger, evaluate, save, last, bad_steps)
 
     # ------------------------------------------------------------------ finish

@@ -60,11 +60,12 @@ def sampling_params(cfg: OnlineConfig) -> SamplingParams:
 # ---------------------------------------------------------------------------- setup
 
 
-def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
+def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None, tools=None, environment_factory=None):
     """The first lines of every online loop -> the config as run, device, backend, the weights' dtype, the task,
-    whether `ckpt` is resumed. The config is validated, the backend's process settings are taken and the global
-    RNGs seeded, and every reward checked against the data, before any model exists. A task (or datasets.Dataset),
-    reward functions or a model given from Python are recorded in the config (config.json) by name."""
+    whether `ckpt` is resumed, the agent (make_agent: None without tools or an environment). The config is
+    validated, the backend's process settings are taken and the global RNGs seeded, and every reward checked
+    against the data, before any model exists. A task (or datasets.Dataset), reward functions, tools, an
+    environment or a model given from Python are recorded in the config (config.json) by name."""
     validate(cfg)
     device = distributed.init(resolve_device(cfg.device), cfg)  # under torchrun: join the process group
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device, cfg.grad_checkpointing, cfg.strategy)
@@ -83,9 +84,15 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None):
         task = task_from_config(cfg, source=task, reward=reward_funcs)
     if model is not None:
         used["model"] = f"python:{type(model).__name__}:{getattr(model.config, '_name_or_path', '')}"
+    agent = None
+    if tools or task.tools or environment_factory or getattr(cfg, "tools", "") or getattr(cfg, "environment", ""):
+        from nanorl.agents.episodes import make_agent  # episodes with tools or an environment (agents/)
+
+        agent, named = make_agent(cfg, tools, environment_factory, task.tools)  # named: given from Python
+        used.update(named)
     cfg = dataclasses.replace(cfg, **used)
     checkpoint.lock(ckpt.parent)  # one run per folder, before anything in it is read or removed
-    return cfg, device, backend, dtype, task, check_resume(cfg, ckpt)
+    return cfg, device, backend, dtype, task, check_resume(cfg, ckpt), agent
 
 
 def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, tokenizer=None):
@@ -154,30 +161,42 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
 # ---------------------------------------------------------------------------- rollout and reward
 
 
-def rollout(sampler, tok, examples, cfg: OnlineConfig, seed: int, timer: dict):
-    """Sample samples_per_prompt completions of each example's prompt -> rollouts (N = prompts x group rows,
-    ordered group by group) and their texts."""
-    t = time.perf_counter()
-    prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
+def rollout(sampler, tok, examples, cfg: OnlineConfig, seed: int, timer: dict, agent=None):
+    """Sample samples_per_prompt episodes of each example -> rollouts (N = prompts x group rows, ordered group by
+    group) and the texts the reward scores. Without an agent an episode is one answer. With one (tools or an
+    environment: agents/episodes.py) it goes on while the model calls tools: each turn the calls of the last
+    replies run, their results are appended (tokens the model did not write), and every live episode's next
+    reply is sampled in one batch."""
+    t, group_size, params = time.perf_counter(), cfg.samples_per_prompt, sampling_params(cfg)
     first = distributed.rank() * len(examples)  # each prompt's draws come from its index in the global batch
     seeds = [derive_seed(seed, first + i, "prompt") for i in range(len(examples))]
-    roll = sampler.generate(prompts, cfg.samples_per_prompt, sampling_params(cfg), seeds)
+    if agent is None:
+        prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
+    else:  # the tools in the prompt; an environment's opening makes each episode's prompt its own
+        prompts = agent.prompts(tok, examples, cfg)
+        if len(prompts) > len(examples):  # one per episode: each its own draws
+            seeds = [derive_seed(seed, first * group_size + i, "episode") for i in range(len(prompts))]
+    roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
+    roll.group_size, turn = group_size, 0
+    while agent is not None and (live := agent.act(tok, roll)):  # the episodes that called tools go on
+        turn += 1
+        turn_params = dataclasses.replace(params, max_new_tokens=max(agent.budget(roll, i) for i in live))
+        turn_seeds = [derive_seed(seed, first * group_size + i, "turn", turn) for i in live]
+        more = sampler.generate([roll.prompt_ids[i] + roll.completion_ids[i] for i in live], 1, turn_params, turn_seeds)
+        agent.extend(roll, live, more)
     timer["rollout"] += time.perf_counter() - t
-    timer["tokens"] += sum(len(c) for c in roll.completion_ids)
+    timer["tokens"] += sum(roll.model_tokens(i) for i in range(len(roll.completion_ids)))
+    if agent is not None:
+        return roll, agent.answers(tok, roll)
     return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
 
 
-def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer: dict, device, backend=AUTO, step=0):
+def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer, device, backend=AUTO, step=0, agent=None):
     """Score each completion -> rewards (N,) and the reward's parts {name: (N,)} ("task" for a single rule, plus
     "rm" with a reward model); rewards = rule_weight * (weighted rule parts) + rm_weight * rm."""
     group_size, t = cfg.samples_per_prompt, time.perf_counter()
-    named, total, errors = task.score_parts(
-        [examples[i // group_size] for i in range(len(texts))],
-        texts,
-        completion_ids=roll.completion_ids,
-        step=step,
-        steps=cfg.steps,
-    )
+    rows, episodes = [examples[i // group_size] for i in range(len(texts))], agent and agent.trl_episodes()
+    named, total, errors = task.score_parts(rows, texts, roll.completion_ids, step, cfg.steps, episodes)
     timer["reward_errors"] = timer.get("reward_errors", 0) + errors
     parts = {k: torch.tensor([float("nan") if x is None else x for x in v]) for k, v in named.items()}  # NaN: skipped
     # torchrun: every rank the same parts in one order (a flag a failed batch did not report on this rank is NaN)
@@ -187,6 +206,9 @@ def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer: dict
     if rm is not None:
         parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)
         rewards = rewards + cfg.rm_weight * parts["rm"]
+    for name, values in (agent.environment_rewards() if agent else {}).items():  # get_reward(), named by its class
+        parts[name] = torch.tensor([float("nan") if v is None else v for v in values])
+        rewards = rewards + parts[name].nan_to_num(0.0)
     timer["reward"] += time.perf_counter() - t
     return rewards, parts
 
@@ -245,16 +267,18 @@ def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: i
     }
 
 
-def sample_records(examples, texts, rewards, roll, group_size: int) -> list[dict]:
-    """A couple of the step's completions with their rewards, for samples.jsonl."""
+def sample_records(examples, texts, rewards, roll, group_size: int, agent=None) -> list[dict]:
+    """A couple of the step's completions with their rewards, for samples.jsonl; an episode's with every turn."""
+    rows = range(0, len(texts), group_size * max(1, len(examples) // 2))
     return [
         {
             "prompt": examples[i // group_size].prompt,
             "completion": texts[i],
             "reward": rewards[i].item(),
             "truncated": roll.truncated[i],
+            **(agent.records(i) if agent else {}),
         }
-        for i in range(0, len(texts), group_size * max(1, len(examples) // 2))
+        for i in rows
     ]
 
 
@@ -310,19 +334,12 @@ def end_of_step(
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
     before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
-    return checkpoint.finish(
-        out,
-        policy,
-        tok,
-        cfg,
-        load_model,
-        logger,
-        t_start,
-        cfg.steps,
-        first,
-        last,
-        lambda wall: (
-            f"[nanorl] done: held-out greedy accuracy {before}{last.get('eval/greedy_acc', float('nan')):.1%} "
-            f"in {cfg.steps} steps, {wall / 60:.1f} min wall time; model saved to {out / 'model'}"
-        ),
-    )
+    after = f"{last.get('eval/greedy_acc', float('nan')):.1%}"
+
+    def summary(wall: float) -> str:
+        return (
+            f"[nanorl] done: held-out greedy accuracy {before}{after} in {cfg.steps} steps, {wall / 60:.1f} min "
+            f"wall time; model saved to {out / 'model'}"
+        )
+
+    return checkpoint.finish(out, policy, tok, cfg, load_model, logger, t_start, cfg.steps, first, last, summary)

@@ -52,7 +52,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     if not isinstance(cfg, PPOConfig):
         raise ConfigError(f"nanorl.ppo.train takes a PPOConfig, got {type(cfg).__name__}")
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
-    cfg, device, backend, dtype, task, resuming = online.prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task
+    cfg, device, backend, dtype, task, resuming, _ = online.prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task
     policy, tok, ref, rm = online.load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
     pad_id, group_size = tok.pad_token_id, cfg.samples_per_prompt
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)

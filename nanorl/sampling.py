@@ -48,16 +48,23 @@ class Rollouts:
     logprobs: list[torch.Tensor]  # (N,) tensors of (completion length,), sampler log-probs
     truncated: list[bool]  # hit max_new_tokens without a stop token
     group_size: int  # samples per prompt, rows i of a group: g * group_size + j
+    # Episodes with tools (agents/): (N,) tensors of (completion length,), 1 on the tokens the model wrote, 0 on
+    # tool and environment tokens (never trained; their log-probs are 0). None: every token is the model's.
+    model_mask: list[torch.Tensor] | None = None
+
+    def model_tokens(self, i: int) -> int:
+        """How many tokens of row i the model wrote (what the loss trains and its normalisers count)."""
+        return len(self.completion_ids[i]) if self.model_mask is None else int(self.model_mask[i].sum())
 
     def groups(self, idx: list[int]) -> "Rollouts":
         """The rollouts of groups `idx` (in that order)."""
         rows = [g * self.group_size + j for g in idx for j in range(self.group_size)]
-        return Rollouts(
-            *([getattr(self, f)[i] for i in rows] for f in ("prompt_ids", "completion_ids", "logprobs", "truncated")),
-            group_size=self.group_size,
-        )
+        fields = ("prompt_ids", "completion_ids", "logprobs", "truncated")
+        mask = None if self.model_mask is None else [self.model_mask[i] for i in rows]
+        return Rollouts(*([getattr(self, f)[i] for i in rows] for f in fields), self.group_size, mask)
 
     def __add__(self, other: "Rollouts") -> "Rollouts":
+        assert self.model_mask is None and other.model_mask is None, "episodes are not joined (dynamic sampling)"
         return Rollouts(
             self.prompt_ids + other.prompt_ids,
             self.completion_ids + other.completion_ids,
@@ -182,7 +189,7 @@ class ModelStep:
 @torch.no_grad()
 def generate(
     model,
-    prompts: list[list[int]],
+    prompts,
     group_size: int,
     params: SamplingParams,
     stop_ids: list[int],

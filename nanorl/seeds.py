@@ -2,7 +2,7 @@
 
 Each purpose has its own multiplier, a prime larger than any step count a run reaches, so within one run
 every (step, purpose) pair gets its own seed and a stream never repeats another's: seed * prime + step.
-A second round within a step (DAPO's refills) adds round * 7,777,777, beyond any step count.
+A second round within a step (DAPO's refills, an episode's turns) adds round * 7,777,777, beyond any step count.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ STREAMS = {
     "refill": 9_973,  # which prompts DAPO's dynamic sampling draws to refill a step
     "offline": 31,  # the order of rows in each epoch of DPO, SFT and reward-model training
     "prompt": 1_000_000_007,  # one prompt's draws in a rollout (step = the prompt's index in the batch)
+    "episode": 1_000_000_009,  # an episode's first reply when its prompt is its own (step = its row in the batch)
+    "turn": 999_999_937,  # an episode's later replies (step = its row in the batch, round = the turn)
 }
 
 

@@ -33,6 +33,7 @@ SAME = {
     "importance_sampling_level": "ratio_level",
     "dataset_name": "data",
     "gradient_checkpointing": "grad_checkpointing",
+    "max_tool_calling_iterations": "max_tool_calls",
     "loss_type": ("loss_agg", {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}),
     "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False}),
     "mask_truncated_completions": ("overlong", {True: "filter", False: "none"}),

@@ -28,7 +28,12 @@ def rows_batch(roll, idx, pad_id: int, device, learner_old: list[torch.Tensor] |
     per_token = {"old": [roll.logprobs[i] for i in idx]}
     if learner_old is not None:
         per_token["learner_old"] = [learner_old[i] for i in idx]
-    return collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device, per_token)
+    if roll.model_mask is not None:  # an episode's tool and environment tokens: no loss, no count
+        per_token["model"] = [roll.model_mask[i] for i in idx]
+    b = collate([roll.prompt_ids[i] for i in idx], [roll.completion_ids[i] for i in idx], pad_id, device, per_token)
+    if roll.model_mask is not None:
+        b.loss_mask = b.loss_mask * b.extra.pop("model")  # (b, C)
+    return b
 
 
 def micro_batches(rows: list[int], roll, size: int) -> list[list[int]]:
@@ -80,7 +85,7 @@ def policy_backward(
     no KL term: their loss is exactly 0 (the counts still include them). Returns sums for metrics.
     """
     loss_agg, ratio_level = getattr(cfg, "loss_agg", "token"), getattr(cfg, "ratio_level", "token")  # PPO: per token
-    n_tokens = distributed.reduce(sum(len(roll.completion_ids[i]) for i in mb))  # counts of the whole minibatch,
+    n_tokens = distributed.reduce(sum(roll.model_tokens(i) for i in mb))  # counts of the whole minibatch,
     n_seqs = distributed.reduce(len(mb))  # every rank's rows of it (torchrun)
     rows = [i for i in mb if bool((adv[i] != 0).any()) or ref is not None or cfg.entropy_coef > 0]
     stats = dict.fromkeys("loss ratio clipped entropy kl logp_diff approx_kl dual_clipped is_ratio is_cut".split(), 0.0)

@@ -102,8 +102,7 @@ def command(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = F
         *args,
         "--model",
         "tiny",
-        "--eval-size",
-        "10",
+        *(["--eval-size", "10"] if args[0] != "rm" else []),  # a reward model has no task: no eval_size
         "--out-dir",
         str(tmp_path / name),
         "--report-to",
@@ -286,7 +285,8 @@ def test_fsdp_trains_the_other_trainers_as_one_process(tmp_path, case):
     nanorl runs them one by one) and PPO (policy and critic sharded, the critic's AdamW state written per rank too). The
     offline ranks hold unequal numbers of micro-batches; fillers of weight 0 pair their passes. Resumed from its
     checkpoint of step 2, the sharded run ends where it did, bit for bit."""
-    args = (CASES["ppo"] if case == "ppo" else [case, *OFFLINE]) + ["--save-every", "2"]
+    offline = OFFLINE[:-2] if case == "rm" else OFFLINE  # a reward model does not generate: no max_new_tokens
+    args = (CASES["ppo"] if case == "ppo" else [case, *offline]) + ["--save-every", "2"]
     args += ["--lora-r", "4"] if case == "rm" else []  # peft's wrapper around the backbone and head
     models = ["model", "critic"] if case == "ppo" else ["model"]
     out = run(tmp_path, "two", args + ["--strategy", "fsdp"], 2)

@@ -136,7 +136,8 @@ def test_dpo_sft_rm_and_ppo_take_lora(tmp_path):
     sft_train(SFTConfig(out_dir=str(tmp_path / "sft"), **small))
     for name in ("dpo", "sft"):
         assert (tmp_path / name / "model" / "adapter_config.json").is_file()
-    rm_train(RMConfig(out_dir=str(tmp_path / "rm"), **{**small, "merge_lora": True}))
+    rm_small = {k: v for k, v in small.items() if k != "task"}  # a reward model has no task: it does not generate
+    rm_train(RMConfig(out_dir=str(tmp_path / "rm"), **{**rm_small, "merge_lora": True}))
     rm, _ = load_reward_model(str(tmp_path / "rm" / "model"), "cpu")  # merged: a plain classifier
     assert not hasattr(rm, "peft_config") and rm.score.weight.abs().sum() > 0  # the head trained in full
     ppo = dict(out_dir=str(tmp_path / "ppo"), minibatch_size=4, **{**SMALL, "steps": 2, "save_every": 1})

@@ -61,6 +61,7 @@ class Task:
     reward: Callable[..., float]  # one reward, or a list of (name, reward, weight) parts
     on_error: str = "raise"  # a reward that raises: "raise" (stop, naming the input) or "zero" (score 0, count it)
     acc_threshold: float = 1.0  # accuracy metrics count a completion correct when its reward is >= this
+    tools: list = field(default_factory=list)  # tools its episodes may call (agents/; e.g. the calculator task's)
 
     def __post_init__(self):
         if not self.train:
@@ -87,15 +88,23 @@ class Task:
                     ) from None
 
     def score_parts(
-        self, examples: list[Example], completions: list[str], completion_ids=None, step: int = 0, steps: int = 0
+        self,
+        examples: list[Example],
+        completions: list[str],
+        completion_ids=None,
+        step=0,
+        steps=0,
+        episodes: dict | None = None,
     ):
         """-> ({part name: rewards, None where a TRL-form reward skipped the sample}, weighted totals, number of
         reward errors). A reward with `.batch(prompts, completions, fields, **context)` (TRL's form, the code
         sandbox) scores all completions at once; when that call fails, each is scored alone to find which. Flags a
-        batch returns (`Scores`) join the parts as <part>_<flag>: logged, not added to the reward."""
+        batch returns (`Scores`) join the parts as <part>_<flag>: logged, not added to the reward. `episodes`:
+        what a TRL-form reward gets of multi-turn episodes instead ({"completions": messages, "environments"})."""
         parts, errors, rewards = {}, 0, self.parts()
         for name, fn, _ in rewards:
             batch, values, ctx, failed, flags = getattr(fn, "batch", None), None, {"step": step, "steps": steps}, 0, {}
+            ctx.update({"episodes": episodes} if episodes and hasattr(fn, "arguments") else {})  # TRL's form only
             if batch:
                 try:
                     out = batch(
@@ -120,7 +129,14 @@ class Task:
                                 [completion],
                                 [ex.fields],
                                 completion_ids and completion_ids[i : i + 1],
-                                **ctx,
+                                **{
+                                    **ctx,
+                                    **(
+                                        {"episodes": {k: v[i : i + 1] for k, v in episodes.items()}}
+                                        if "episodes" in ctx
+                                        else {}
+                                    ),
+                                },
                             )[0]
                             if batch
                             else fn(ex.prompt, completion, **ex.fields),

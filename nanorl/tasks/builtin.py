@@ -35,6 +35,10 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_fi
         from nanorl.tasks.countdown import countdown_task
 
         task = countdown_task(eval_size=eval_size, seed=seed)
+    elif name == "calculator":  # with a tool (agents/)
+        from nanorl.tasks.calculator import calculator_task
+
+        task = calculator_task(eval_size=eval_size, seed=seed)
     elif name in ("code", "sql"):  # small hand-written sets: 10 problems held out
         from nanorl.tasks.code import code_task
         from nanorl.tasks.sql import sql_task
@@ -57,7 +61,7 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_fi
         )
     else:
         raise ConfigError(
-            f"config key 'task': unknown task {name!r} (use arithmetic, countdown, code, sql, "
+            f"config key 'task': unknown task {name!r} (use arithmetic, countdown, calculator, code, sql, "
             f"gsm8k:FILE.jsonl, a data file (.jsonl, .json, .csv, .parquet), a dataset folder or hub id)"
         )
     return task
@@ -65,7 +69,6 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_fi
 
 def load_reward(name: str) -> Callable:
     """A built-in reward by name, a `module:function`, or a `path/to/file.py:function`."""
-    import importlib.util  # binds importlib too
 
     builtin = builtin_rewards()
     if name in builtin:
@@ -75,10 +78,19 @@ def load_reward(name: str) -> Callable:
             f"config key 'reward': unknown reward {name!r} (built-in: {', '.join(builtin)}; "
             f"or module:function, or file.py:function)"
         )
+    return load_object(name, "reward")
+
+
+def load_object(name: str, key: str):
+    """A callable (a function or a class) named `module:name` or `path/to/file.py:name`, for config key `key`."""
+    import importlib.util  # binds importlib too
+
+    if ":" not in name:
+        raise ConfigError(f"config key '{key}': {name!r} is not module:name or file.py:name")
     where, fn_name = name.rsplit(":", 1)
     if where.endswith(".py"):
         if not Path(where).is_file():
-            raise FileNotFoundError(f"reward file not found: {where}")
+            raise FileNotFoundError(f"{key} file not found: {where}")
         spec = importlib.util.spec_from_file_location(Path(where).stem, where)
         module = importlib.util.module_from_spec(spec)
         sys.path.insert(0, str(Path(where).resolve().parent))  # its helper modules beside it, as `python file.py`
@@ -86,15 +98,15 @@ def load_reward(name: str) -> Callable:
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            raise ConfigError(f"config key 'reward': {where} failed to load: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"config key '{key}': {where} failed to load: {type(e).__name__}: {e}") from None
     else:
         try:  # from the working directory too, as `python -m` would
             if str(Path.cwd()) not in sys.path:
                 sys.path.append(str(Path.cwd()))
             module = importlib.import_module(where)
         except ImportError as e:
-            raise ConfigError(f"config key 'reward': cannot import {where!r}: {e}") from None
+            raise ConfigError(f"config key '{key}': cannot import {where!r}: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ConfigError(f"config key 'reward': {where} has no function {fn_name!r}")
+        raise ConfigError(f"config key '{key}': {where} has no function {fn_name!r}")
     return fn

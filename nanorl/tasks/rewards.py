@@ -114,8 +114,9 @@ class BatchedReward:
     def __call__(self, prompt, completion: str, **fields):
         return self.batch([prompt], [completion], [fields])[0]
 
-    def arguments(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> dict:
-        """The keywords TRL would pass (those the function accepts, unless it takes **kwargs)."""
+    def arguments(self, prompts, completions, fields, completion_ids=None, step=0, steps=0, episodes=None) -> dict:
+        """The keywords TRL would pass (those the function accepts, unless it takes **kwargs); with multi-turn
+        `episodes`, each completion as TRL passes it (its messages) and its environment."""
         chat = bool(prompts) and not isinstance(prompts[0], str)
         columns = {k: [f.get(k) for f in fields] for k in dict.fromkeys(k for f in fields for k in f)}
         kwargs = {
@@ -124,11 +125,12 @@ class BatchedReward:
             "completion_ids": completion_ids,
             "completions": [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions),
             "trainer_state": TrainerState(step, max(steps, step, 1)),
+            **(episodes or {}),
         }
         return kwargs if self.takes_all else {k: v for k, v in kwargs.items() if k in self.params}
 
-    def batch(self, prompts, completions, fields, completion_ids=None, step=0, steps=0) -> list:
-        kwargs = self.arguments(prompts, completions, fields, completion_ids, step, steps)
+    def batch(self, prompts, completions, fields, completion_ids=None, step=0, steps=0, episodes=None) -> list:
+        kwargs = self.arguments(prompts, completions, fields, completion_ids, step, steps, episodes)
         try:
             self.signature.bind(**kwargs)
         except TypeError as e:

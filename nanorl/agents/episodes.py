@@ -1,0 +1,262 @@
+"""Episodes: the model answers, calls tools or acts in an environment, reads the results, and goes on, over several
+turns; the reward scores the whole episode. online.rollout runs the turns; this file is what an episode adds to a
+single answer: the prompt with the tools (and an environment's opening text), the calls of each reply run and
+their results appended as tokens the model did not write (Rollouts.model_mask 0: never trained, never counted),
+and what the episode ends with.
+
+    agent = Agent(tools=[calculate], environment_factory=None, max_tool_calls=4)
+    prompts = agent.prompts(tok, examples, cfg)       # one per example, or one per episode with an environment
+    live = agent.act(tok, roll)                       # run the calls of the last replies; rows that go on
+    answers = agent.answers(tok, roll)                # each episode's last reply, for the reward
+
+An episode ends when a reply calls no tool, after max_tool_calls rounds of calls, when its model tokens reach
+max_new_tokens, or when model and tool tokens together reach max_episode_tokens (0: no cap of its own).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from nanorl.agents.tools import (
+    environment_tools,
+    fallback_system_prompt,
+    parse_tool_calls,
+    run_tool_calls,
+    template_supports_tools,
+    tools_by_name,
+)
+from nanorl.errors import ConfigError
+
+
+def render(tok, messages: list[dict], tools: list, generation_prompt: bool) -> str:
+    """The chat template's text of `messages`; the tools rendered by the template, or told in the system prompt
+    (fallback_system_prompt) when the template has no tool support."""
+    if tools and not template_supports_tools(tok):
+        told = fallback_system_prompt(tools)
+        if messages and messages[0]["role"] == "system":
+            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + told}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": told}, *messages]
+        tools = []
+    return tok.apply_chat_template(
+        messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+    )
+
+
+class Agent:
+    """The tools and environments of a run, and the state of one rollout's episodes (rows as in Rollouts)."""
+
+    def __init__(
+        self,
+        tools=(),
+        environment_factory=None,
+        max_tool_calls: int = 8,
+        max_new_tokens: int = 32,
+        max_episode_tokens: int = 0,
+        timeout_s: float = 10.0,
+    ):
+        self.tools, self.factory = list(tools), environment_factory
+        self.max_tool_calls, self.max_new_tokens, self.max_episode_tokens = (
+            max_tool_calls,
+            max_new_tokens,
+            max_episode_tokens,
+        )
+        self.timeout_s = timeout_s
+        if not self.tools and environment_factory is None:
+            raise ValueError("an agent needs tools or an environment_factory")
+        tools_by_name(self.tools)  # two tools with one name: an error now, before any model loads
+
+    # ---------------------------------------------------------------- the start of a rollout's episodes
+
+    def _factory(self, fields: dict):
+        """The environment class of a row: the factory, or with a dict of them the row's `environment` column."""
+        if isinstance(self.factory, dict):
+            name = fields.get("environment")
+            if name not in self.factory:
+                raise ValueError(f"row's environment {name!r} is not one of {sorted(self.factory)}")
+            return self.factory[name]
+        return self.factory
+
+    def prompts(self, tok, examples, cfg) -> list[list[int]]:
+        """Prompt ids of the rollout's episodes: one per example (its group shares it), or with an environment one
+        per episode (row), each with a fresh instance reset on the example's fields; reset's text, when it returns
+        one, is appended to the last user message, as TRL does."""
+        group_size = cfg.samples_per_prompt
+        self.envs, self.messages, self.prompt_lengths = [], [], []
+        prompts = []
+        for ex in examples:
+            base = [{"role": "user", "content": ex.prompt}] if isinstance(ex.prompt, str) else list(ex.prompt)
+            if cfg.system_prompt and base[0]["role"] != "system":
+                base = [{"role": "system", "content": cfg.system_prompt}, *base]
+            for _ in range(group_size if self.factory is not None else 1):
+                messages, tools = [dict(m) for m in base], list(self.tools)
+                if self.factory is not None:
+                    fields = {
+                        k: v for k, v in ex.fields.items() if not isinstance(self.factory, dict) or k != "environment"
+                    }
+                    env = self._factory(ex.fields)()
+                    opening = env.reset(**fields)
+                    if opening:
+                        messages[-1]["content"] += opening
+                    self.envs.append(env)
+                    tools += environment_tools(env)
+                text = render(tok, messages, tools, generation_prompt=True)
+                self.prompt_lengths.append(len(messages))
+                prompts.append(tok(text, add_special_tokens=False)["input_ids"])
+                self.messages.append(messages)
+        if self.factory is None:  # one prompt per example: every episode of a group starts from it
+            self.messages = [list(m) for m in self.messages for _ in range(group_size)]
+            self.prompt_lengths = [n for n in self.prompt_lengths for _ in range(group_size)]
+        n = len(self.messages)
+        self.calls, self.failures, self.turn_start = [0] * n, [0] * n, [0] * n
+        self.done, self.rounds = [False] * n, [0] * n
+        return prompts
+
+    def row_tools(self, i: int) -> list:
+        return self.tools + (environment_tools(self.envs[i]) if self.factory is not None else [])
+
+    # ---------------------------------------------------------------- a turn
+
+    def act(self, tok, roll) -> list[int]:
+        """Run the tool calls of each live episode's last reply and append their results (model_mask 0) -> the rows
+        whose episodes go on (their next reply is sampled by the caller)."""
+        if roll.model_mask is None:  # the first reply: every token the model's
+            roll.model_mask = [torch.ones(len(c)) for c in roll.completion_ids]
+        live = []
+        for i, ids in enumerate(roll.completion_ids):
+            if self.done[i]:
+                continue
+            reply = tok.decode(ids[self.turn_start[i] :], skip_special_tokens=True)
+            content, calls = parse_tool_calls(reply)
+            written = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            self.messages[i].append(
+                {"role": "assistant", "content": content, **({"tool_calls": written} if calls else {})}
+            )
+            if (
+                not calls
+                or roll.truncated[i]
+                or self.rounds[i] >= self.max_tool_calls
+                or roll.model_tokens(i) >= self.max_new_tokens
+            ):
+                self.done[i] = True
+                continue
+            results, failed = run_tool_calls(calls, tools_by_name(self.row_tools(i)), self.timeout_s)
+            self.calls[i], self.failures[i], self.rounds[i] = (
+                self.calls[i] + len(calls),
+                self.failures[i] + failed,
+                self.rounds[i] + 1,
+            )
+            suffix = self.suffix(tok, results, self.row_tools(i))
+            if self.max_episode_tokens and len(ids) + len(suffix) >= self.max_episode_tokens:
+                self.done[i] = True  # no room for the results and a reply: the episode ends here
+                continue
+            self.messages[i] += results
+            append(roll, i, suffix, [0.0] * len(suffix), model=False)
+            self.turn_start[i] = len(roll.completion_ids[i])
+            live.append(i)
+        return live
+
+    def suffix(self, tok, results: list[dict], tools: list) -> list[int]:
+        """Token ids that follow a reply's end of turn: the tool messages and the next assistant header, as the
+        chat template renders them (the difference of a short conversation rendered with and without them)."""
+        head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        short = render(tok, head, tools, generation_prompt=False)
+        short = short[: short.rindex(tok.eos_token) + len(tok.eos_token)]  # up to the reply's end of turn
+        full = render(tok, head + results, tools, generation_prompt=True)
+        if not full.startswith(short):
+            raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
+        return tok(full[len(short) :], add_special_tokens=False)["input_ids"]
+
+    def budget(self, roll, i: int) -> int:
+        """How many more tokens the model may write in episode i."""
+        left = self.max_new_tokens - roll.model_tokens(i)
+        if self.max_episode_tokens:
+            left = min(left, self.max_episode_tokens - len(roll.completion_ids[i]))
+        return max(left, 0)
+
+    def extend(self, roll, live: list[int], more) -> None:
+        """Append each live episode's new reply (`more`, one row per live episode), cut to its budget."""
+        for k, i in enumerate(live):
+            keep = self.budget(roll, i)
+            ids, logps = more.completion_ids[k][:keep], more.logprobs[k][:keep]
+            append(roll, i, ids, logps, model=True, truncated=more.truncated[k] or keep < len(more.completion_ids[k]))
+
+    # ---------------------------------------------------------------- the end
+
+    def answers(self, tok, roll) -> list[str]:
+        """Each episode's last reply (what a reward of nanorl's form scores as `completion`)."""
+        return [tok.decode(ids[s:], skip_special_tokens=True) for ids, s in zip(roll.completion_ids, self.turn_start)]
+
+    def environment_rewards(self) -> dict[str, list]:
+        """{class name: get_reward() of each episode's environment, None for another class's} (TRL's naming)."""
+        out: dict[str, list] = {}
+        for i, env in enumerate(getattr(self, "envs", []) if self.factory is not None else []):
+            if hasattr(env, "get_reward"):
+                reward = env.get_reward()
+                out.setdefault(type(env).__name__, [None] * len(self.envs))[i] = (
+                    float(reward) if not inspect.isawaitable(reward) else float(_await(reward))
+                )
+        return out
+
+    def trl_episodes(self) -> dict:
+        """What a TRL-form reward gets of the episodes: `completions`, each the messages after its prompt (the
+        model's replies and the tool results), and `environments`, each episode's instance (or None)."""
+        completions = [m[n:] for m, n in zip(self.messages, self.prompt_lengths)]
+        return {"completions": completions, "environments": self.envs if self.factory is not None else None}
+
+    def metrics(self, roll) -> dict:
+        n = len(roll.completion_ids)
+        model = [roll.model_tokens(i) for i in range(n)]
+        return {
+            "tools/call_frequency": sum(self.calls) / n,
+            "tools/failure_frequency": sum(self.failures) / max(sum(self.calls), 1),
+            "episode/turns_mean": sum(r + 1 for r in self.rounds) / n,
+            "episode/model_tokens_mean": sum(model) / n,
+            "episode/tool_tokens_mean": sum(len(c) - m for c, m in zip(roll.completion_ids, model)) / n,
+            "episode/len_mean": sum(len(c) for c in roll.completion_ids) / n,
+        }
+
+    def records(self, i: int) -> dict:
+        """What samples.jsonl shows of episode i: every turn, tool call and tool result."""
+        return {"messages": self.messages[i], "tool_calls": self.calls[i], "tool_failures": self.failures[i]}
+
+
+def make_agent(cfg, tools=None, environment_factory=None, task_tools=()):
+    """The run's Agent, from the tools and environment given from Python and in the config (--tools, --environment),
+    or None when there are none -> (agent, the config's record of those given from Python: {key: "python:name"}).
+    A task's own tools (`Task.tools`, e.g. the calculator's) join them."""
+    from nanorl.tasks.builtin import load_object
+
+    names = [n.strip() for n in getattr(cfg, "tools", "").split(",") if n.strip()]
+    python_tools = list(tools or [])
+    tools = python_tools + list(task_tools) + [load_object(n, "tools") for n in names]
+    env = environment_factory or (
+        load_object(cfg.environment, "environment") if getattr(cfg, "environment", "") else None
+    )
+    if not tools and env is None:
+        return None, {}
+    if getattr(cfg, "dynamic_sampling", 0):
+        raise ConfigError("config key 'dynamic_sampling': not yet with tools or an environment")
+    named = {}
+    if python_tools:
+        named["tools"] = ",".join(f"python:{getattr(f, '__name__', 'tool')}" for f in python_tools)
+    if environment_factory is not None:
+        factories = environment_factory if isinstance(environment_factory, dict) else {"": environment_factory}
+        named["environment"] = ",".join(f"python:{getattr(f, '__name__', 'environment')}" for f in factories.values())
+    return Agent(tools, env, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens), named
+
+
+def _await(coroutine):
+    import asyncio
+
+    return asyncio.run(coroutine)
+
+
+def append(roll, i: int, ids: list[int], logprobs: list[float], model: bool, truncated: bool = False) -> None:
+    """Extend row i of the rollouts: tokens, their sampler log-probs, and whether the model wrote them."""
+    roll.completion_ids[i] = list(roll.completion_ids[i]) + list(ids)
+    roll.logprobs[i] = torch.cat([roll.logprobs[i], torch.as_tensor(logprobs, dtype=roll.logprobs[i].dtype)])
+    roll.model_mask[i] = torch.cat([roll.model_mask[i], torch.full((len(ids),), float(model))])
+    roll.truncated[i] = truncated

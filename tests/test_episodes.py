@@ -1,0 +1,264 @@
+"""Episodes with tools and environments (agents/episodes.py, online.rollout): the loop runs the calls of each
+reply, appends their results as tokens the model did not write, samples the next reply, and ends; only the
+model's tokens are trained and counted. A random tiny model never writes a tool call, so most tests drive the loop
+with a sampler that replays scripted replies (the Sampler interface the loop calls) and train on its rows."""
+
+import json
+
+import pytest
+import torch
+
+from nanorl import online
+from nanorl.agents.episodes import Agent
+from nanorl.config import GRPOConfig
+from nanorl.hub import tiny_model_and_tokenizer
+from nanorl.logprobs import token_logprobs
+from nanorl.sampling import Rollouts
+from nanorl.tasks import Example, Task
+from nanorl.update import policy_backward, rows_batch
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def call(name: str, **args) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+class Scripted:
+    """A sampler (sampling.Sampler) whose replies are scripted: script(prompt text, turn) -> reply text. Every
+    sampled token gets log-prob -1 (the loss tests use the learner's own)."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.turn, self.prompts = tok, script, 0, []
+
+    def generate(self, prompts, group_size, params, seed):
+        self.turn += 1
+        rows, out = [p for p in prompts for _ in range(group_size)], []
+        for p in rows:
+            self.prompts.append(self.tok.decode(p))
+            ids = self.tok(self.script(self.tok.decode(p), self.turn), add_special_tokens=False)["input_ids"]
+            ids = ids + [self.tok.eos_token_id]
+            out.append(ids[: params.max_new_tokens])
+        logps = [torch.full((len(c),), -1.0) for c in out]
+        truncated = [c[-1] != self.tok.eos_token_id for c in out]
+        return Rollouts([list(p) for p in rows], out, logps, truncated, group_size)
+
+    def sync_weights(self, model):
+        pass
+
+
+def setup(script, agent_kwargs=None, **cfg_kwargs):
+    _, tok = tiny_model_and_tokenizer()
+    cfg = GRPOConfig(
+        **{"model": "tiny", "prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 200, **cfg_kwargs}
+    )
+    agent = Agent(**{"tools": [multiply], "max_new_tokens": cfg.max_new_tokens, **(agent_kwargs or {})})
+    return tok, cfg, agent, Scripted(tok, script)
+
+
+def test_a_tool_call_runs_its_result_is_appended_and_the_episode_goes_on_to_its_answer():
+    def script(prompt, turn):
+        return call("multiply", a=6, b=7) if turn == 1 else "It is 42."
+
+    tok, cfg, agent, sampler = setup(script)
+    examples = [Example("What is 6 * 7?", {"answer": 42}), Example("And 6 x 7?", {"answer": 42})]
+    timer = {"rollout": 0.0, "reward": 0.0, "tokens": 0}
+    roll, texts = online.rollout(sampler, tok, examples, cfg, 0, timer, agent)
+    assert texts == ["It is 42."] * 4 and sampler.turn == 2  # all four episodes' second replies in one batch
+    assert "You can call these tools" in sampler.prompts[0] and '"name": "multiply"' in sampler.prompts[0]
+    first = tok(call("multiply", a=6, b=7), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    second = tok("It is 42.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    for i in range(4):
+        ids, mask = roll.completion_ids[i], roll.model_mask[i]
+        tool = ids[len(first) : len(ids) - len(second)]  # the tool message and the next assistant header
+        assert ids[: len(first)] == first and ids[len(ids) - len(second) :] == second
+        assert tok.decode(tool) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+        assert mask.tolist() == [1.0] * len(first) + [0.0] * len(tool) + [1.0] * len(second)
+        assert (roll.logprobs[i][mask == 0] == 0).all() and roll.model_tokens(i) == len(first) + len(second)
+    assert timer["tokens"] == 4 * (len(first) + len(second))  # model tokens only
+    assert [m["role"] for m in agent.messages[0]] == ["user", "assistant", "tool", "assistant"]
+    metrics = agent.metrics(roll)
+    assert metrics["tools/call_frequency"] == 1.0 and metrics["episode/turns_mean"] == 2.0
+    assert metrics["tools/failure_frequency"] == 0.0 and metrics["episode/tool_tokens_mean"] == len(tool)
+
+
+def test_an_episode_ends_after_max_tool_calls_and_failures_are_counted():
+    tok, cfg, agent, sampler = setup(lambda p, t: call("divide", a=1, b=2), {"max_tool_calls": 2})
+    roll, texts = online.rollout(
+        sampler, tok, [Example("Go.", {})], cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent
+    )
+    assert sampler.turn == 3 and agent.rounds == [2, 2]  # two rounds of calls, then the last reply ends it
+    assert agent.metrics(roll)["tools/failure_frequency"] == 1.0
+    assert "unknown tool 'divide'" in agent.messages[0][2]["content"]
+
+
+def test_the_model_token_budget_cuts_the_episode():
+    tok, cfg, agent, sampler = setup(lambda p, t: call("multiply", a=2, b=3) + " and more words", max_new_tokens=100)
+    roll, _ = online.rollout(
+        sampler, tok, [Example("Go.", {})], cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent
+    )
+    assert [roll.model_tokens(i) for i in range(2)] == [100, 100] and all(roll.truncated)  # the second reply cut
+
+
+class Guess:
+    """A guessing game in the shape of TRL's documented environments: reset opens it, `guess` is its tool,
+    get_reward scores it."""
+
+    made = 0
+
+    def reset(self, target: int = 5, **row) -> str:
+        Guess.made += 1
+        self.target, self.guesses, self.solved = target, 0, False
+        return " Guess my number."
+
+    def guess(self, number: int) -> str:
+        """Guess the number.
+
+        Args:
+            number: the guess
+        """
+        self.guesses += 1
+        self.solved = number == self.target
+        return "right" if self.solved else ("higher" if number < self.target else "lower")
+
+    def get_reward(self) -> float:
+        return float(self.solved) / self.guesses if self.guesses else 0.0
+
+
+def test_an_environment_per_episode_its_opening_its_tools_and_its_reward():
+    def script(prompt, turn):
+        return call("guess", number=3 + 2 * (turn - 1)) if turn <= 2 else "Done."
+
+    tok, cfg, agent, sampler = setup(script, {"tools": [], "environment_factory": Guess})
+    Guess.made = 0
+    examples = [Example("Play.", {"target": 5}), Example("Play again.", {"target": 7})]
+    roll, texts = online.rollout(sampler, tok, examples, cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent)
+    assert Guess.made == 4 and len({id(e) for e in agent.envs}) == 4  # one instance per episode
+    assert "Play. Guess my number." in sampler.prompts[0] and '"name": "guess"' in sampler.prompts[0]
+    rewards = agent.environment_rewards()["Guess"]
+    assert rewards == [0.5, 0.5, 0.0, 0.0]  # target 5: 3 then 5 (two guesses); target 7: never
+    assert [m["content"] for m in agent.messages[2] if m["role"] == "tool"] == ["higher", "higher"]
+    seen = {}
+
+    def solved(completions, environments, **kwargs):  # a TRL-form reward: the episodes' messages, their instances
+        seen["completions"] = completions
+        return [float(env.solved) for env in environments]
+
+    task = Task(
+        "guess", train=examples, eval=examples, reward=[("task", lambda p, c, **f: 0.25, 1.0), ("solved", solved, 1.0)]
+    )
+    r, parts = online.reward(task, None, examples, texts, roll, cfg, {"reward": 0.0}, "cpu", agent=agent)
+    assert parts["Guess"].tolist() == rewards and parts["solved"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert torch.allclose(r, parts["task"] + parts["solved"] + parts["Guess"])
+    turns = seen["completions"][0]  # TRL's shape: the messages after the prompt
+    assert [m["role"] for m in turns] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert turns[0]["tool_calls"][0]["function"] == {"name": "guess", "arguments": {"number": 3}}
+    assert turns[0]["content"] == "" and turns[-1] == {"role": "assistant", "content": "Done."}
+
+
+def test_only_model_tokens_are_trained_loss_by_hand_and_on_policy_ratio_one():
+    torch.manual_seed(0)
+    model, tok = tiny_model_and_tokenizer()
+
+    def script(prompt, turn):
+        return call("multiply", a=2, b=2) if turn == 1 else "4"
+
+    _, cfg, agent, sampler = setup(script, samples_per_prompt=2, prompts_per_step=1)
+    roll, _ = online.rollout(
+        sampler, tok, [Example("2*2?", {})], cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent
+    )
+    adv = torch.tensor([1.0, -0.5])
+    model.zero_grad()
+    stats = policy_backward(model, roll, adv, [0, 1], cfg, True, tok.pad_token_id, "cpu")
+    got = [p.grad.clone() for p in model.parameters()]
+    assert stats["ratio_min"] == stats["ratio_max"] == 1.0  # on-policy across turns: exactly 1
+    assert stats["tokens"] == roll.model_tokens(0) + roll.model_tokens(1)
+    # by hand: -sum over model tokens of A * logp, over the number of model tokens (token-level normaliser)
+    model.zero_grad()
+    b = rows_batch(roll, [0, 1], tok.pad_token_id, "cpu")
+    logp, _ = token_logprobs(model, b, cfg.temperature)
+    mask = torch.nn.utils.rnn.pad_sequence(roll.model_mask, batch_first=True)[:, : logp.shape[1]]
+    (-(adv[:, None] * logp * mask).sum() / mask.sum()).backward()
+    for g, p in zip(got, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-6)
+    assert mask.sum() < sum(len(c) for c in roll.completion_ids)  # there were tool tokens to leave out
+
+
+def test_train_with_tools_from_python_records_them_and_logs_episode_metrics(tmp_path):
+    from nanorl.grpo import train
+
+    cfg = GRPOConfig(
+        model="tiny",
+        steps=1,
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        max_new_tokens=8,
+        eval_size=2,
+        out_dir=str(tmp_path / "run"),
+    )
+    train(cfg, tools=[multiply])
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert config["tools"] == "python:multiply" and "tools/call_frequency" in metrics
+    assert sample["messages"][0]["role"] == "user" and sample["tool_calls"] == 0  # a random model calls nothing
+    assert sample["messages"][-1]["role"] == "assistant"
+
+
+def test_tools_from_the_command_line_and_bad_ones(tmp_path):
+    from nanorl.cli import main
+
+    (tmp_path / "mytools.py").write_text(
+        "def add(a: int, b: int) -> int:\n    '''Add.\n\n    Args:\n        a: one\n        b: two\n    '''\n"
+        "    return a + b\n"
+    )
+    out = tmp_path / "run"
+    args = ["train", "--model", "tiny", "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "2"]
+    main(
+        args
+        + ["--max-new-tokens", "8", "--eval-size", "2", "--out-dir", str(out), "--tools", f"{tmp_path}/mytools.py:add"]
+    )
+    assert json.loads((out / "config.json").read_text())["tools"].endswith("mytools.py:add")
+    with pytest.raises(SystemExit):
+        main(args + ["--out-dir", str(tmp_path / "bad"), "--tools", f"{tmp_path}/mytools.py:nothing"])
+    with pytest.raises(SystemExit):
+        main(args + ["--out-dir", str(tmp_path / "bad2"), "--tools", f"{tmp_path}/mytools.py:add", "--algo", "dapo"])
+
+
+def test_the_calculator_task_and_its_tool():
+    from nanorl.tasks import get_task
+    from nanorl.tasks.calculator import calculate
+
+    assert calculate("123 * 45") == "5535" and calculate("(7 - 10) / 2") == "-1.5"
+    for bad in ("__import__('os')", "2 ** 10", "x + 1", "9" * 300):
+        with pytest.raises(ValueError):
+            calculate(bad)
+    task = get_task("calculator", eval_size=10)
+    assert task.tools == [calculate] and len(task.eval) == 10
+    assert not {e.prompt for e in task.eval} & {e.prompt for e in task.train[:2000]}
+    ex = task.eval[0]
+    a, b = (int(x) for x in ex.prompt.split("What is ")[1].split("?")[0].split(" * "))
+    assert ex.fields["answer"] == a * b and task.score([ex], [f"So it is {a * b}."]) == [1.0]
+
+
+def test_a_scripted_model_that_uses_the_calculator_is_rewarded(tmp_path):
+    from nanorl.tasks import get_task
+
+    task = get_task("calculator", eval_size=2)
+
+    def script(prompt, turn):
+        a, b = prompt.split("What is ")[1].split("?")[0].split(" * ")
+        return call("calculate", expression=f"{a} * {b}") if turn == 1 else f"The answer is {int(a) * int(b)}."
+
+    tok, cfg, agent, sampler = setup(script, {"tools": task.tools})
+    roll, texts = online.rollout(sampler, tok, task.eval, cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent)
+    r, _ = online.reward(task, None, task.eval, texts, roll, cfg, {"reward": 0.0}, "cpu", agent=agent)
+    assert r.tolist() == [1.0] * 4 and agent.metrics(roll)["tools/call_frequency"] == 1.0
