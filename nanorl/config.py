@@ -31,11 +31,10 @@ def defaults(**values):
 
     def wrap(cls):
         for name, value in values.items():
-            declared = next(
-                vars(b)["__dataclass_fields__"][name]
-                for b in cls.__mro__
-                if name in vars(b).get("__dataclass_fields__", {})
-            )
+            bases = [b for b in cls.__mro__[1:] if name in vars(b).get("__dataclass_fields__", {})]
+            if not bases:
+                raise TypeError(f"@defaults({name}=...) on {cls.__name__}: no base class declares {name!r}")
+            declared = vars(bases[0])["__dataclass_fields__"][name]
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: declared.type}
             setattr(cls, name, field(default=value, metadata=declared.metadata))
         return dataclass(cls)
@@ -382,6 +381,8 @@ def validate(cfg) -> None:
             )
         if cfg.kl_placement == "reward" and cfg.kl_coef == 0:
             raise ConfigError("config key 'kl_placement': 'reward' needs a 'kl_coef' > 0 (with 0 no KL is computed)")
+        if cfg.max_episode_tokens and cfg.max_episode_tokens < cfg.max_new_tokens:
+            raise ConfigError("config key 'max_episode_tokens': 0 (no cap of its own) or at least max_new_tokens")
         if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
             raise ConfigError(
                 f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "

@@ -14,39 +14,41 @@ from nanorl.seeds import derive_seed
 
 
 def evaluate(
-    sampler, tok, task, params: SamplingParams, k=1, system_prompt="", batch_prompts=64, seed=1234, step=0, steps=0
+    sampler, tok, task, params, k=1, system_prompt="", batch_prompts=64, seed=1234, step=0, steps=0, agent=None
 ):
-    """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)); `params`: the
-    completion cap, and how the pass@k samples are drawn (the greedy pass takes its cap alone).
+    """-> (metrics, samples). `sampler` is a sampling.Sampler (e.g. LocalSampler(model, ...)); `params`
+    (SamplingParams): the completion cap, and how the pass@k samples are drawn (the greedy pass takes its cap alone).
     Greedy accuracy = fraction of held-out prompts whose greedy completion gets reward >= task.acc_threshold (1
     by default). With k > 1
     also pass@k: fraction of prompts with at least one of k sampled completions correct (Chen et al. 2021,
     the unbiased estimator with n = k samples). The seed is the evaluation's own: every run and every
-    model are scored on the same draws."""
+    model are scored on the same draws. With an `agent` (agents/episodes.py) each answer is an episode with tools,
+    scored on its last reply."""
     metrics, samples = {}, []
     mine = distributed.share(len(task.eval))  # under torchrun each rank scores a share; the lists are gathered
-    settings = [("greedy", 1, SamplingParams(params.max_new_tokens, temperature=0.0))] + [(f"pass@{k}", k, params)] * (
-        k > 1
-    )
+    greedy = SamplingParams(params.max_new_tokens, temperature=0.0)
+    settings = [("greedy", 1, greedy)] + ([(f"pass@{k}", k, params)] if k > 1 else [])
     with distributed.full_weights(getattr(sampler, "model", None)):  # FSDP: shares may take unequal batch counts
         for name, group_size, params in settings:
             correct, rewards, lengths = [], [], []
             for start in range(mine.start, mine.stop, batch_prompts):
                 chunk = task.eval[start : min(start + batch_prompts, mine.stop)]
-                ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
                 seeds = [derive_seed(seed, start + i, "prompt") for i in range(len(chunk))]
-                out = sampler.generate(ids, group_size, params, seeds)
-                texts = [tok.decode(comp, skip_special_tokens=True) for comp in out.completion_ids]
-                scores = task.score(
-                    [chunk[i // group_size] for i in range(len(texts))],
-                    texts,
-                    completion_ids=out.completion_ids,
-                    step=step,
-                    steps=steps,
-                )
+                if agent is None:
+                    ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
+                else:  # episodes: the tools in the prompt, more turns while the model calls them
+                    ids = agent.prompts(tok, chunk, group_size, system_prompt)
+                    seeds = agent.seeds(seeds, len(ids), seed, start * group_size)
+                out = sampler.generate(ids, group_size if len(ids) == len(chunk) else 1, params, seeds)
+                if agent is not None:
+                    agent.play(sampler, tok, out, params, seed, start * group_size)
+                texts = [tok.decode(c, skip_special_tokens=True) for c in out.completion_ids]
+                texts, episodes = (agent.answers(tok, out), agent.trl_episodes()) if agent else (texts, None)
+                rows = [chunk[i // group_size] for i in range(len(texts))]
+                scores = task.score_parts(rows, texts, out.completion_ids, step, steps, episodes)[1]
                 rewards += scores
                 correct += [r >= task.acc_threshold for r in scores]
-                lengths += [len(comp) for comp in out.completion_ids]
+                lengths += [out.model_tokens(i) for i in range(len(out.completion_ids))]
                 if name == "greedy":  # one completion per prompt
                     samples += [
                         {"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}

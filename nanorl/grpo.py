@@ -77,7 +77,8 @@ def overlong_rule(cfg: GRPOConfig, roll) -> tuple[torch.Tensor, list[bool]]:
     keep = [not t for t in roll.truncated] if cfg.overlong == "filter" else [True] * len(roll.truncated)
     if cfg.overlong == "soft":
         buffer = cfg.overlong_buffer or max(1, cfg.max_new_tokens // 4)
-        return torch.tensor([overlong_penalty(len(c), cfg.max_new_tokens, buffer) for c in roll.completion_ids]), keep
+        lengths = [roll.model_tokens(i) for i in range(len(keep))]  # an episode's tool tokens do not count
+        return torch.tensor([overlong_penalty(n, cfg.max_new_tokens, buffer) for n in lengths]), keep
     return torch.zeros(len(keep)), keep
 
 
@@ -116,7 +117,7 @@ def train(
     logger.rewind(start)  # resumed: lines the stopped run wrote after its checkpoint are redone below
 
     def evaluate(at: int) -> dict:  # held-out greedy accuracy (and pass@k) of the policy after step `at`
-        return online.run_eval(sampler, tok, task, cfg, logger, out, at)
+        return online.run_eval(sampler, tok, task, cfg, logger, out, at, agent)
 
     def save(done: int) -> None:  # a resumable checkpoint after step `done`
         checkpoint.save(ckpt, policy, tok, opt, sched, done, keep_last=cfg.keep_last)

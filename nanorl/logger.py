@@ -231,7 +231,7 @@ class RunWarnings(Logger):
                 metrics[f"warn/{name}"] = 1
                 if name not in self.said:
                     self.said.add(name)
-                    tqdm.write(f"[nanorl] warning (step {step}): {' '.join(rule.__doc__.split())}")
+                    tqdm.write(f"[nanorl] warning (step {step}): {' '.join((rule.__doc__ or name).split())}")
 
 
 def make_logger(out_dir, report_to="console", append=False, total_steps=None, config=None, callbacks=()):

@@ -173,17 +173,12 @@ def rollout(sampler, tok, examples, cfg: OnlineConfig, seed: int, timer: dict, a
     if agent is None:
         prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
     else:  # the tools in the prompt; an environment's opening makes each episode's prompt its own
-        prompts = agent.prompts(tok, examples, cfg)
-        if len(prompts) > len(examples):  # one per episode: each its own draws
-            seeds = [derive_seed(seed, first * group_size + i, "episode") for i in range(len(prompts))]
+        prompts = agent.prompts(tok, examples, group_size, cfg.system_prompt)
+        seeds = agent.seeds(seeds, len(prompts), seed, first * group_size)
     roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
-    roll.group_size, turn = group_size, 0
-    while agent is not None and (live := agent.act(tok, roll)):  # the episodes that called tools go on
-        turn += 1
-        turn_params = dataclasses.replace(params, max_new_tokens=max(agent.budget(roll, i) for i in live))
-        turn_seeds = [derive_seed(seed, first * group_size + i, "turn", turn) for i in live]
-        more = sampler.generate([roll.prompt_ids[i] + roll.completion_ids[i] for i in live], 1, turn_params, turn_seeds)
-        agent.extend(roll, live, more)
+    roll.group_size = group_size
+    if agent is not None:  # the episodes that called tools go on, turn by turn, until none does
+        agent.play(sampler, tok, roll, params, seed, first * group_size)
     timer["rollout"] += time.perf_counter() - t
     timer["tokens"] += sum(roll.model_tokens(i) for i in range(len(roll.completion_ids)))
     if agent is not None:
@@ -285,10 +280,11 @@ def sample_records(examples, texts, rewards, roll, group_size: int, agent=None) 
 # ---------------------------------------------------------------------------- eval and finish
 
 
-def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int) -> dict:
-    """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl."""
+def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int, agent=None) -> dict:
+    """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl. With
+    an agent, of whole episodes."""
     metrics, samples = evaluate(
-        sampler, tok, task, sampling_params(cfg), cfg.eval_k, cfg.system_prompt, step=step, steps=cfg.steps
+        sampler, tok, task, sampling_params(cfg), cfg.eval_k, cfg.system_prompt, step=step, steps=cfg.steps, agent=agent
     )  # steps: a TRL reward's trainer_state
     logger.log_eval(metrics, step)
     if distributed.is_main():

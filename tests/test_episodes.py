@@ -190,6 +190,16 @@ def test_only_model_tokens_are_trained_loss_by_hand_and_on_policy_ratio_one():
     for g, p in zip(got, model.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-6)
     assert mask.sum() < sum(len(c) for c in roll.completion_ids)  # there were tool tokens to leave out
+    # off-policy with the sampler's log-probs equal to the learner's on model tokens (0 on tool tokens): every
+    # trained ratio is 1 and the sampler/learner gap 0 only if the tool tokens are left out of both
+    from nanorl.update import learner_logprobs
+
+    roll.logprobs = [
+        lp * m for lp, m in zip(learner_logprobs(model, roll, cfg, tok.pad_token_id, "cpu"), roll.model_mask)
+    ]
+    stats = policy_backward(model, roll, adv, [0, 1], cfg, False, tok.pad_token_id, "cpu")
+    assert abs(stats["ratio_min"] - 1) < 1e-5 and abs(stats["ratio_max"] - 1) < 1e-5
+    assert stats["logp_diff"] < 1e-4 * stats["tokens"]
 
 
 def test_train_with_tools_from_python_records_them_and_logs_episode_metrics(tmp_path):
@@ -262,3 +272,124 @@ def test_a_scripted_model_that_uses_the_calculator_is_rewarded(tmp_path):
     roll, texts = online.rollout(sampler, tok, task.eval, cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent)
     r, _ = online.reward(task, None, task.eval, texts, roll, cfg, {"reward": 0.0}, "cpu", agent=agent)
     assert r.tolist() == [1.0] * 4 and agent.metrics(roll)["tools/call_frequency"] == 1.0
+
+
+def test_held_out_evaluation_runs_whole_episodes():
+    from nanorl.evaluate import evaluate
+    from nanorl.sampling import SamplingParams
+    from nanorl.tasks import get_task
+
+    task = get_task("calculator", eval_size=3)
+
+    def script(prompt, turn):
+        a, b = prompt.split("What is ")[1].split("?")[0].split(" * ")
+        return call("calculate", expression=f"{a} * {b}") if "<|im_start|>tool" not in prompt else f"{int(a) * int(b)}"
+
+    tok, cfg, agent, sampler = setup(script, {"tools": task.tools})
+    metrics, samples = evaluate(sampler, tok, task, SamplingParams(200), k=2, agent=agent)
+    assert metrics["eval/greedy_acc"] == 1.0 and metrics["eval/pass@2"] == 1.0
+    metrics, _ = evaluate(Scripted(tok, script), tok, task, SamplingParams(200))  # no tools: one answer, a call
+    assert metrics["eval/greedy_acc"] == 0.0
+
+
+def test_later_turns_are_sampled_by_the_real_sampler_with_the_learners_log_probs():
+    """The first reply scripted (a tool call), the second sampled by LocalSampler from the whole episode so far: its
+    log-probs are those the learner computes for the same tokens."""
+    from nanorl.sampling import LocalSampler
+    from nanorl.update import learner_logprobs
+
+    torch.manual_seed(0)
+    model, tok = tiny_model_and_tokenizer()
+    model.eval()
+    local = LocalSampler(model, [tok.eos_token_id], tok.pad_token_id)
+    scripted = Scripted(tok, lambda p, t: call("multiply", a=3, b=4))
+
+    class FirstScripted:
+        def generate(self, prompts, group_size, params, seed):
+            return (scripted if scripted.turn == 0 else local).generate(prompts, group_size, params, seed)
+
+    _, cfg, agent, _ = setup(None, {"max_new_tokens": 120}, max_new_tokens=120)
+    roll, _ = online.rollout(
+        FirstScripted(), tok, [Example("3*4?", {})], cfg, 7, {"rollout": 0, "reward": 0, "tokens": 0}, agent
+    )
+    learner = learner_logprobs(model, roll, cfg, tok.pad_token_id, "cpu")
+    for i in range(2):
+        start = len(tok(call("multiply", a=3, b=4), add_special_tokens=False)["input_ids"]) + 1  # first reply + stop
+        tool = int((roll.model_mask[i][start:] == 0).sum())
+        rest = slice(start + tool, len(roll.completion_ids[i]))
+        assert rest.stop > rest.start and roll.model_tokens(i) <= 120
+        assert torch.allclose(roll.logprobs[i][rest], learner[i][rest], atol=1e-4)
+
+
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and loop.last %}<think>\n\n</think>\n\n{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_rewrites_the_last_reply_still_gives_the_tool_suffix():
+    _, tok = tiny_model_and_tokenizer()
+    tok.chat_template = QWEN3_LIKE  # the last assistant turn gets an empty thinking block, earlier ones do not
+    agent = Agent(tools=[multiply])
+    ids = agent.suffix(tok, [{"role": "tool", "name": "multiply", "content": "12"}], [multiply], "<|im_end|>")
+    assert tok.decode(ids) == "\n<|im_start|>tool\n12<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_failing_trl_reward_is_scored_sample_by_sample_in_episodes():
+    from nanorl.tasks import Task
+
+    def picky(completions, **kwargs):  # TRL form: fails on the batch when any episode's last reply says "bad"
+        if any("bad" in c[-1]["content"] for c in completions):
+            raise ValueError("bad reply")
+        return [1.0] * len(completions)
+
+    tok, cfg, agent, sampler = setup(lambda p, t: "bad" if "Two" in p else "good", reward_errors="zero")
+    examples = [Example("One.", {}), Example("Two.", {})]
+    roll, texts = online.rollout(sampler, tok, examples, cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent)
+    task = Task("t", train=examples, eval=examples, reward=[("picky", picky, 1.0)], on_error="zero")
+    r, _ = online.reward(task, None, examples, texts, roll, cfg, {"reward": 0.0}, "cpu", agent=agent)
+    assert r.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+class Coin:
+    def reset(self, **row) -> None:
+        self.flips = 0
+
+    def flip(self) -> str:
+        """Flip the coin."""
+        self.flips += 1
+        return "heads"
+
+    def get_reward(self) -> float:
+        return float(self.flips)
+
+
+def test_a_dict_of_environments_picks_one_per_row_and_train_takes_a_factory(tmp_path):
+    def script(prompt, turn):
+        return call("guess", number=5) if "guess" in prompt and turn == 1 else call("flip") if turn == 1 else "ok"
+
+    tok, cfg, agent, sampler = setup(script, {"tools": [], "environment_factory": {"game": Guess, "coin": Coin}})
+    examples = [Example("Play.", {"environment": "game", "target": 5}), Example("Flip.", {"environment": "coin"})]
+    roll, _ = online.rollout(sampler, tok, examples, cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent)
+    assert [type(e).__name__ for e in agent.envs] == ["Guess", "Guess", "Coin", "Coin"]
+    rewards = agent.environment_rewards()
+    assert rewards["Guess"] == [1.0, 1.0, None, None] and rewards["Coin"] == [None, None, 1.0, 1.0]
+    from nanorl.grpo import train
+
+    out = tmp_path / "run"
+    cfg = GRPOConfig(
+        model="tiny", steps=1, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=8, eval_size=2, out_dir=str(out)
+    )
+    train(cfg, environment_factory=Guess)
+    assert json.loads((out / "config.json").read_text())["environment"] == "python:Guess"
+    assert "reward/Guess_mean" in json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_what_is_refused_before_any_model_loads(tmp_path):
+    from nanorl.cli import main
+
+    tiny = ["--model", "tiny", "--out-dir", str(tmp_path / "x")]
+    for args in (["ppo", "--task", "calculator"], ["train", "--task", "calculator", "--max-episode-tokens", "4"]):
+        with pytest.raises(SystemExit):
+            main(args + tiny)

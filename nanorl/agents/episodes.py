@@ -15,10 +15,12 @@ max_new_tokens, or when model and tool tokens together reach max_episode_tokens 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch
 
+from nanorl import distributed
 from nanorl.agents.tools import (
     environment_tools,
     fallback_system_prompt,
@@ -28,6 +30,7 @@ from nanorl.agents.tools import (
     tools_by_name,
 )
 from nanorl.errors import ConfigError
+from nanorl.seeds import derive_seed
 
 
 def render(tok, messages: list[dict], tools: list, generation_prompt: bool) -> str:
@@ -79,17 +82,16 @@ class Agent:
             return self.factory[name]
         return self.factory
 
-    def prompts(self, tok, examples, cfg) -> list[list[int]]:
+    def prompts(self, tok, examples, group_size: int, system_prompt: str = "") -> list[list[int]]:
         """Prompt ids of the rollout's episodes: one per example (its group shares it), or with an environment one
         per episode (row), each with a fresh instance reset on the example's fields; reset's text, when it returns
         one, is appended to the last user message, as TRL does."""
-        group_size = cfg.samples_per_prompt
         self.envs, self.messages, self.prompt_lengths = [], [], []
         prompts = []
         for ex in examples:
             base = [{"role": "user", "content": ex.prompt}] if isinstance(ex.prompt, str) else list(ex.prompt)
-            if cfg.system_prompt and base[0]["role"] != "system":
-                base = [{"role": "system", "content": cfg.system_prompt}, *base]
+            if system_prompt and base[0]["role"] != "system":
+                base = [{"role": "system", "content": system_prompt}, *base]
             for _ in range(group_size if self.factory is not None else 1):
                 messages, tools = [dict(m) for m in base], list(self.tools)
                 if self.factory is not None:
@@ -116,6 +118,25 @@ class Agent:
 
     def row_tools(self, i: int) -> list:
         return self.tools + (environment_tools(self.envs[i]) if self.factory is not None else [])
+
+    @staticmethod
+    def seeds(per_prompt: list[int], n_prompts: int, seed: int, first_row: int) -> list[int]:
+        """The first reply's seeds: one per prompt; with an environment one per episode (its prompt its own)."""
+        if n_prompts == len(per_prompt):
+            return per_prompt
+        return [derive_seed(seed, first_row + i, "episode") for i in range(n_prompts)]
+
+    def play(self, sampler, tok, roll, params, seed: int, first_row: int) -> None:
+        """The turns after the first reply: while some episodes called tools, run the calls (act) and sample every
+        live episode's next reply in one batch, each within its token budget. `first_row`: this process's first
+        row in the global batch (each episode's draws come from its row and the turn)."""
+        turn = 0
+        while live := self.act(tok, roll):
+            turn += 1
+            turn_params = dataclasses.replace(params, max_new_tokens=max(self.budget(roll, i) for i in live))
+            seeds = [derive_seed(seed, first_row + i, "turn", turn) for i in live]
+            prefixes = [roll.prompt_ids[i] + roll.completion_ids[i] for i in live]
+            self.extend(roll, live, sampler.generate(prefixes, 1, turn_params, seeds))
 
     # ---------------------------------------------------------------- a turn
 
@@ -148,7 +169,7 @@ class Agent:
                 self.failures[i] + failed,
                 self.rounds[i] + 1,
             )
-            suffix = self.suffix(tok, results, self.row_tools(i))
+            suffix = self.suffix(tok, results, self.row_tools(i), tok.decode(ids[-1:]))
             if self.max_episode_tokens and len(ids) + len(suffix) >= self.max_episode_tokens:
                 self.done[i] = True  # no room for the results and a reply: the episode ends here
                 continue
@@ -158,16 +179,18 @@ class Agent:
             live.append(i)
         return live
 
-    def suffix(self, tok, results: list[dict], tools: list) -> list[int]:
-        """Token ids that follow a reply's end of turn: the tool messages and the next assistant header, as the
-        chat template renders them (the difference of a short conversation rendered with and without them)."""
-        head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        short = render(tok, head, tools, generation_prompt=False)
-        short = short[: short.rindex(tok.eos_token) + len(tok.eos_token)]  # up to the reply's end of turn
+    def suffix(self, tok, results: list[dict], tools: list, end: str) -> list[int]:
+        """Token ids that follow a reply ending in `end` (its stop token's text): the tool messages and the next
+        assistant header, as the chat template renders them after a reply (found by rendering a short conversation
+        with a marker for the reply; templates that rewrite earlier turns, as Qwen3's does with its thinking, are
+        fine, since only what follows the reply is taken)."""
+        marker = "NANORL-REPLY-MARKER"
+        head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}]
         full = render(tok, head + results, tools, generation_prompt=True)
-        if not full.startswith(short):
-            raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
-        return tok(full[len(short) :], add_special_tokens=False)["input_ids"]
+        after = full[full.rindex(marker) + len(marker) :]
+        if not after.startswith(end):
+            raise ValueError(f"the chat template does not end a reply with its stop token {end!r}: {after[:40]!r}")
+        return tok(after[len(end) :], add_special_tokens=False)["input_ids"]
 
     def budget(self, roll, i: int) -> int:
         """How many more tokens the model may write in episode i."""
@@ -204,7 +227,7 @@ class Agent:
         """What a TRL-form reward gets of the episodes: `completions`, each the messages after its prompt (the
         model's replies and the tool results), and `environments`, each episode's instance (or None)."""
         completions = [m[n:] for m, n in zip(self.messages, self.prompt_lengths)]
-        return {"completions": completions, "environments": self.envs if self.factory is not None else None}
+        return {"completions": completions, **({"environments": self.envs} if self.factory is not None else {})}
 
     def metrics(self, roll) -> dict:
         n = len(roll.completion_ids)
@@ -237,6 +260,10 @@ def make_agent(cfg, tools=None, environment_factory=None, task_tools=()):
     )
     if not tools and env is None:
         return None, {}
+    if not hasattr(cfg, "max_tool_calls"):
+        raise ConfigError("tools and environments: `nanorl train` only so far (not PPO)")
+    if distributed.world_size() > 1:
+        raise ConfigError("tools and environments: not yet under torchrun (run them in one process)")
     if getattr(cfg, "dynamic_sampling", 0):
         raise ConfigError("config key 'dynamic_sampling': not yet with tools or an environment")
     named = {}
