@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from nanorl import distributed
-from nanorl.data import render_prompt
-from nanorl.sampling import SamplingParams
+from nanorl.sampling import SamplingParams, sample_episodes
 from nanorl.seeds import derive_seed
 
 
@@ -34,16 +33,10 @@ def evaluate(
             for start in range(mine.start, mine.stop, batch_prompts):
                 chunk = task.eval[start : min(start + batch_prompts, mine.stop)]
                 seeds = [derive_seed(seed, start + i, "prompt") for i in range(len(chunk))]
-                if agent is None:
-                    ids = [render_prompt(tok, ex.prompt, system_prompt) for ex in chunk]
-                else:  # episodes: the tools in the prompt, more turns while the model calls them
-                    ids = agent.prompts(tok, chunk, group_size, system_prompt)
-                    seeds = agent.seeds(seeds, len(ids), seed, start * group_size)
-                out = sampler.generate(ids, group_size if len(ids) == len(chunk) else 1, params, seeds)
-                if agent is not None:
-                    agent.play(sampler, tok, out, params, seed, start * group_size)
-                texts = [tok.decode(c, skip_special_tokens=True) for c in out.completion_ids]
-                texts, episodes = (agent.answers(tok, out), agent.trl_episodes()) if agent else (texts, None)
+                out, texts = sample_episodes(
+                    sampler, tok, chunk, group_size, params, seeds, system_prompt, agent, seed, start * group_size
+                )
+                episodes = agent.trl_episodes() if agent else None
                 rows = [chunk[i // group_size] for i in range(len(texts))]
                 scores = task.score_parts(rows, texts, out.completion_ids, step, steps, episodes)[1]
                 rewards += scores

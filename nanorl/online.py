@@ -33,7 +33,7 @@ from nanorl.evaluate import evaluate
 from nanorl.learner import count_bad_steps
 from nanorl.logprobs import AUTO
 from nanorl.models import check_tokenizer, is_adapter, load_model, resolve_device, trainable
-from nanorl.sampling import SamplingParams
+from nanorl.sampling import SamplingParams, sample_episodes
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task, parse_reward_spec, task_from_config
 
@@ -170,20 +170,12 @@ def rollout(sampler, tok, examples, cfg: OnlineConfig, seed: int, timer: dict, a
     t, group_size, params = time.perf_counter(), cfg.samples_per_prompt, sampling_params(cfg)
     first = distributed.rank() * len(examples)  # each prompt's draws come from its index in the global batch
     seeds = [derive_seed(seed, first + i, "prompt") for i in range(len(examples))]
-    if agent is None:
-        prompts = [render_prompt(tok, ex.prompt, cfg.system_prompt) for ex in examples]
-    else:  # the tools in the prompt; an environment's opening makes each episode's prompt its own
-        prompts = agent.prompts(tok, examples, group_size, cfg.system_prompt)
-        seeds = agent.seeds(seeds, len(prompts), seed, first * group_size)
-    roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
-    roll.group_size = group_size
-    if agent is not None:  # the episodes that called tools go on, turn by turn, until none does
-        agent.play(sampler, tok, roll, params, seed, first * group_size)
+    roll, texts = sample_episodes(
+        sampler, tok, examples, group_size, params, seeds, cfg.system_prompt, agent, seed, first * group_size
+    )
     timer["rollout"] += time.perf_counter() - t
     timer["tokens"] += sum(roll.model_tokens(i) for i in range(len(roll.completion_ids)))
-    if agent is not None:
-        return roll, agent.answers(tok, roll)
-    return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
+    return roll, texts
 
 
 def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer, device, backend=AUTO, step=0, agent=None):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from nanorl import distributed
 from nanorl.backends import Backend
-from nanorl.data import left_pad
+from nanorl.data import left_pad, render_prompt
 from nanorl.logprobs import AUTO, cache_kwarg, select_cache_rows
 from nanorl.seeds import derive_seed
 
@@ -269,3 +269,23 @@ def generate(
             truncated=truncated,
             group_size=group_size,
         )
+
+
+def sample_episodes(
+    sampler, tok, examples, group_size, params, seeds, system_prompt="", agent=None, seed=0, first_row=0
+):
+    """group_size episodes of each example (the training rollout's and the evaluation's) -> rollouts and the texts
+    a reward scores. `seeds`: one per example. Without an agent an episode is one answer. With one (tools or an
+    environment: agents/episodes.py) it goes on while the model calls tools, from the seed and each episode's row
+    (`first_row`: this process's first row in the global batch); the texts are the episodes' last replies."""
+    if agent is None:
+        prompts = [render_prompt(tok, ex.prompt, system_prompt) for ex in examples]
+    else:  # the tools in the prompt; an environment's opening makes each episode's prompt its own
+        prompts = agent.prompts(tok, examples, group_size, system_prompt)
+        seeds = agent.seeds(seeds, len(prompts), seed, first_row)
+    roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
+    roll.group_size = group_size
+    if agent is None:
+        return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
+    agent.play(sampler, tok, roll, params, seed, first_row)  # the episodes that called tools go on, turn by turn
+    return roll, agent.answers(tok, roll)
