@@ -2,7 +2,7 @@
 
 nanorl train [--config run.yaml] [--key value ...]   # GRPO and its family; `nanorl train --help` lists every field
 nanorl ppo [--key value ...]                          # PPO with a critic (RLHF form)
-nanorl eval --model PATH_OR_ID --task arithmetic [--k 8]
+nanorl eval --model PATH_OR_ID --task arithmetic [--k 8] [--tools module:fn]
 nanorl dpo [--data prefs.jsonl] [--key value ...]     # DPO / IPO / hinge on preference pairs
 nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (loss on replies only)
 nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
@@ -34,17 +34,19 @@ def eval_main(cfg: EvalConfig) -> None:
     from nanorl.backends import select_backend
     from nanorl.evaluate import evaluate
     from nanorl.models import load_model, resolve_device, stop_token_ids
+    from nanorl.online import make_agent
     from nanorl.sampling import LocalSampler, SamplingParams
     from nanorl.tasks import task_from_config
 
     task = task_from_config(cfg)
+    agent = make_agent(cfg, task)[0]  # tools or an environment: whole episodes (agents/)
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     model, tok = load_model(cfg.model, device, dtype)
     model.eval()
     sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
-    metrics, samples = evaluate(sampler, tok, task, params, cfg.k, cfg.system_prompt)
+    metrics, samples = evaluate(sampler, tok, task, params, cfg.k, cfg.system_prompt, agent=agent)
     print(json.dumps(metrics, indent=2))
     if cfg.out:
         with open(cfg.out, "w") as f:

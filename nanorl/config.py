@@ -100,7 +100,7 @@ class OptimConfig:
 class TaskConfig:
     """The task and its reward (tasks.task_from_config reads these)"""
 
-    task: str = _f("arithmetic", "arithmetic | countdown | code | sql | gsm8k:FILE | a data file or folder")
+    task: str = _f("arithmetic", "arithmetic | countdown | calculator | guess | code | sql | gsm8k:FILE | a data file")
     reward: str = _f("", "reward spec replacing the task's own: 'math=1,answer_tag=0.2', module:fn, file.py:fn")
     prompt_field: str = _f("prompt", "data files: the column holding the prompt (string or chat messages)")
     answer_field: str = _f("answer", "data files: the column passed to the reward as `answer`")
@@ -125,8 +125,18 @@ class SamplingConfig:
 # A config's fields (config.json, --help) come base by base from the last base: bases are listed last part first.
 
 
+@dataclass
+class AgentConfig:
+    """Episodes: the model calls tools or acts in an environment over several turns (agents/)"""
+
+    tools: str = _f("", "tool functions, comma-separated module:fn or file.py:fn (TRL's contract; '' = none)")
+    environment: str = _f("", "an environment class, module:Class or file.py:Class: one instance per episode")
+    max_tool_calls: int = _f(8, "rounds of tool calls an episode may make before its last reply")
+    max_episode_tokens: int = _f(0, "model and tool tokens of an episode (0 = no cap but max_new_tokens)")
+
+
 @defaults(model="")
-class EvalConfig(SamplingConfig, TaskConfig, ModelConfig):
+class EvalConfig(AgentConfig, SamplingConfig, TaskConfig, ModelConfig):
     """Held-out greedy accuracy and pass@k of a model on a task (`nanorl eval`; --model is required)"""
 
     k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
@@ -153,16 +163,6 @@ class OnlineConfig(OptimConfig, SamplingConfig, TaskConfig, ScaleConfig, RunConf
     kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
     kl_estimator: str = _f("k3", "KL estimator (losses.kl_penalty says which gradient each gives)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
-
-
-@dataclass
-class AgentConfig:
-    """Episodes: the model calls tools or acts in an environment over several turns (agents/)"""
-
-    tools: str = _f("", "tool functions, comma-separated module:fn or file.py:fn (TRL's contract; '' = none)")
-    environment: str = _f("", "an environment class, module:Class or file.py:Class: one instance per episode")
-    max_tool_calls: int = _f(8, "rounds of tool calls an episode may make before its last reply")
-    max_episode_tokens: int = _f(0, "model and tool tokens of an episode (0 = no cap but max_new_tokens)")
 
 
 @dataclass

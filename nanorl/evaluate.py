@@ -42,10 +42,11 @@ def evaluate(
                 rewards += scores
                 correct += [r >= task.acc_threshold for r in scores]
                 lengths += [out.model_tokens(i) for i in range(len(out.completion_ids))]
-                if name == "greedy":  # one completion per prompt
+                if name == "greedy":  # one completion per prompt (an episode: its messages, environment reward)
+                    more = agent.eval_records() if agent else [{}] * len(chunk)
                     samples += [
-                        {"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields}
-                        for ex, text, r in zip(chunk, texts, scores)
+                        {"prompt": ex.prompt, "completion": text, "reward": r, **ex.fields, **x}
+                        for ex, text, r, x in zip(chunk, texts, scores, more)
                     ]
             correct, rewards, lengths = map(distributed.gather_objects, (correct, rewards, lengths))
             per_prompt = torch.tensor(correct, dtype=torch.float).view(-1, group_size)
@@ -56,4 +57,5 @@ def evaluate(
             else:
                 metrics[f"eval/pass@{k}"] = (per_prompt.max(dim=1).values).mean().item()
                 metrics["eval/sampled_acc"] = per_prompt.mean().item()
-    return metrics, distributed.gather_objects(samples)
+    samples = distributed.gather_objects(samples)
+    return {**metrics, **(agent.eval_metrics(samples) if agent else {})}, samples

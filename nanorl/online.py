@@ -84,15 +84,21 @@ def prepare(cfg: OnlineConfig, task, ckpt: Path, model=None, reward_funcs=None, 
         task = task_from_config(cfg, source=task, reward=reward_funcs)
     if model is not None:
         used["model"] = f"python:{type(model).__name__}:{getattr(model.config, '_name_or_path', '')}"
-    agent = None
-    if tools or task.tools or environment_factory or getattr(cfg, "tools", "") or getattr(cfg, "environment", ""):
-        from nanorl.agents.episodes import make_agent  # episodes with tools or an environment (agents/)
-
-        agent, named = make_agent(cfg, tools, environment_factory, task.tools)  # named: given from Python
-        used.update(named)
-    cfg = dataclasses.replace(cfg, **used)
+    agent, named = make_agent(cfg, task, tools, environment_factory)  # named: tools given from Python
+    cfg = dataclasses.replace(cfg, **used, **named)
     checkpoint.lock(ckpt.parent)  # one run per folder, before anything in it is read or removed
     return cfg, device, backend, dtype, task, check_resume(cfg, ckpt), agent
+
+
+def make_agent(cfg, task: Task, tools=None, environment_factory=None):
+    """-> (the run's Agent, the config's record of the tools given from Python) with tools or an environment (from
+    Python, the config or the task: agents/episodes.py, loaded only then), else (None, {})."""
+    given = (tools, environment_factory, task.tools, task.environment, getattr(cfg, "tools", ""))
+    if not any(given) and not getattr(cfg, "environment", ""):
+        return None, {}
+    from nanorl.agents.episodes import make_agent
+
+    return make_agent(cfg, task, tools, environment_factory)
 
 
 def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, tokenizer=None):

@@ -393,3 +393,97 @@ def test_what_is_refused_before_any_model_loads(tmp_path):
     for args in (["ppo", "--task", "calculator"], ["train", "--task", "calculator", "--max-episode-tokens", "4"]):
         with pytest.raises(SystemExit):
             main(args + tiny)
+
+
+def bisect(prompt, turn):
+    """A scripted player of the guessing game: the middle of the numbers still possible, read from the episode so
+    far; the number once the environment says correct."""
+    import re
+
+    guesses = [int(g) for g in re.findall(r'"number": (\d+)', prompt.split("<|im_start|>user")[-1])]
+    answers = re.findall(r"<\|im_start\|>tool\n(higher|lower|correct)", prompt)
+    if answers and answers[-1] == "correct":
+        return f"The number is {guesses[-1]}."
+    low, high = 1, 32
+    for g, a in zip(guesses, answers):
+        low, high = (g + 1, high) if a == "higher" else (low, g - 1)
+    return call("guess", number=(low + high) // 2)
+
+
+def test_the_guess_task_an_environment_played_by_bisection_is_rewarded_by_its_guesses():
+    from nanorl.evaluate import evaluate
+    from nanorl.sampling import SamplingParams
+    from nanorl.tasks import get_task
+    from nanorl.tasks.guess import GuessNumber
+
+    env = GuessNumber()
+    env.reset(secret=11)
+    assert [env.guess(16), env.guess(8), env.guess(11)] == ["lower", "higher", "correct: 11 in 3 guesses"]
+    assert env.get_reward() == 0.5
+    with pytest.raises(ValueError):
+        env.guess(11)  # solved: no more guesses
+    task = get_task("guess", eval_size=4)
+    assert task.environment is GuessNumber and all(1 <= e.fields["secret"] <= 32 for e in task.eval)
+
+    tok, cfg, _, sampler = setup(bisect, max_new_tokens=1000)  # the tiny tokenizer's tokens are short
+    agent = Agent(environment_factory=task.environment, max_new_tokens=1000)
+    roll, texts = online.rollout(sampler, tok, task.eval[:2], cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent)
+    r, parts = online.reward(task, None, task.eval[:2], texts, roll, cfg, {"reward": 0.0}, "cpu", agent=agent)
+    moves = [env.guesses for env in agent.envs]
+    assert parts["solved"].tolist() == [1.0] * 4 and all(1 <= m <= 6 for m in moves)
+    assert r.tolist() == pytest.approx([1 + (6 - m) / 6 for m in moves])
+    assert texts == [f"The number is {task.eval[i // 2].fields['secret']}." for i in range(4)]
+
+    metrics, samples = evaluate(Scripted(tok, bisect), tok, task, SamplingParams(1000), agent=agent)
+    assert metrics["eval/greedy_acc"] == 1.0 and metrics["eval/tool_calls_mean"] == sum(
+        s["tool_calls"] for s in samples
+    ) / len(samples)
+    assert metrics["eval/GuessNumber_mean"] == pytest.approx(sum(s["GuessNumber"] for s in samples) / 4)
+    assert samples[0]["messages"][-1] == {"role": "assistant", "content": samples[0]["completion"]}
+    assert [m["role"] for m in samples[0]["messages"][1:3]] == ["assistant", "tool"]
+
+
+def test_nanorl_eval_with_tools_and_with_an_environment(tmp_path, capsys):
+    from nanorl.cli import main
+
+    (tmp_path / "mytools.py").write_text(
+        'def add(a: int, b: int) -> int:\n    """Add.\n\n    Args:\n        a: one\n        b: two\n    """\n'
+        "    return a + b\n"
+    )
+    tiny = ["--model", "tiny", "--eval-size", "2", "--max-new-tokens", "8"]
+    main(["eval", *tiny, "--tools", f"{tmp_path}/mytools.py:add", "--out", str(tmp_path / "a.json")])
+    out = json.loads((tmp_path / "a.json").read_text())
+    assert out["metrics"]["eval/tool_calls_mean"] == 0.0  # a random tiny model writes no call
+    assert [m["role"] for m in out["samples"][0]["messages"]] == ["user", "assistant"]  # the whole episode
+    main(["eval", *tiny, "--task", "guess", "--out", str(tmp_path / "b.json")])
+    assert json.loads((tmp_path / "b.json").read_text())["metrics"]["eval/GuessNumber_mean"] == 0.0
+    with pytest.raises(SystemExit):
+        main(["eval", *tiny, "--tools", f"{tmp_path}/mytools.py:nothing"])
+
+
+def test_a_resumed_run_with_an_environment_equals_an_uninterrupted_one(tmp_path):
+    """Environments are made anew for every episode from the row and the step's seeds, so a run stopped after its
+    checkpoint and resumed logs what the uninterrupted run logs (the environment's reward part included)."""
+    from nanorl.grpo import train
+
+    def digits(completions, environments, **kw):  # reads the episodes' last replies and their environments
+        return [
+            sum(ch.isdigit() for ch in c[-1]["content"]) / 8 + e.target / 100 for c, e in zip(completions, environments)
+        ]
+
+    task = Task(
+        "t", train=[Example(f"Play {i}.", {"target": i}) for i in range(16)], eval=[Example("Play.", {})], reward=digits
+    )
+    base = dict(model="tiny", prompts_per_step=2, samples_per_prompt=4, max_new_tokens=6, lr=1e-2, warmup_steps=0)
+    base.update(lr_schedule="constant", eval_every=100, report_to="none", steps=4)
+    train(GRPOConfig(out_dir=str(tmp_path / "straight"), **base), task, environment_factory=Guess)
+    stopped = tmp_path / "stopped"
+    train(GRPOConfig(out_dir=str(stopped), **{**base, "steps": 3, "save_every": 2}), task, environment_factory=Guess)
+    train(GRPOConfig(out_dir=str(stopped), resume=True, **{**base, "save_every": 2}), task, environment_factory=Guess)
+    a, b = ([json.loads(x) for x in open(p / "metrics.jsonl")] for p in (tmp_path / "straight", stopped))
+    assert [x["step"] for x in a] == [x["step"] for x in b] == [1, 2, 3, 4]
+    assert len({x["reward/task_mean"] for x in a}) > 1 and "reward/Guess_mean" in a[0]
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if not k.startswith(("time/", "perf/"))} == {
+            k: v for k, v in y.items() if not k.startswith(("time/", "perf/"))
+        }, x["step"]

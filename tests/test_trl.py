@@ -374,8 +374,9 @@ def test_migration_page_runs(tmp_path, monkeypatch):
 
     page = (Path(__file__).parents[1] / "docs" / "trl.md").read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith("# nanorl")]
+    shared = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if b.startswith("# shared")]
     shell = re.findall(r"```bash\n(nanorl train .*?)```", page, re.S)
-    assert len(blocks) == 3 and len(shell) == 1
+    assert len(blocks) == 4 and len(shell) == 1 and len(shared) == 1
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "prompts.jsonl", [{"prompt": f"Say something about {i}."} for i in range(8)])
     _write(tmp_path / "prefs.jsonl", [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(8)])
@@ -403,9 +404,13 @@ def test_migration_page_runs(tmp_path, monkeypatch):
     for block in blocks:
         for old, new in small.items():
             block = block.replace(old, new)
-        exec(compile(block, "docs/trl.md", "exec"), {})
-    for out in ("runs/nanorl-grpo", "runs/nanorl-dpo", "runs/nanorl-sft"):
+        names = {}  # the tools section's nanorl block runs on the definitions its "# shared" block makes
+        exec(compile(shared[0] if "environment_factory" in block else "", "docs/trl.md", "exec"), names)
+        exec(compile(block, "docs/trl.md", "exec"), names)
+    for out in ("runs/nanorl-grpo", "runs/nanorl-dpo", "runs/nanorl-sft", "runs/nanorl-tools"):
         assert (tmp_path / out / "model").is_dir() and (tmp_path / out / "metrics.jsonl").is_file(), out
+    first = json.loads((tmp_path / "runs/nanorl-tools/metrics.jsonl").read_text().splitlines()[0])
+    assert {"reward/Counter_mean", "reward/used_a_tool_mean", "tools/call_frequency"} <= set(first)
     argv = shlex.split(shell[0].replace("\\\n", " "))[1:] + [
         "--model",
         "tiny",

@@ -245,23 +245,39 @@ class Agent:
         """What samples.jsonl shows of episode i: every turn, tool call and tool result."""
         return {"messages": self.messages[i], "tool_calls": self.calls[i], "tool_failures": self.failures[i]}
 
+    def eval_records(self) -> list[dict]:
+        """What an evaluation's samples show of each episode: its messages, tool calls and environment reward."""
+        rewards = self.environment_rewards()
+        return [
+            {**self.records(i), **{name: v[i] for name, v in rewards.items() if v[i] is not None}}
+            for i in range(len(self.messages))
+        ]
 
-def make_agent(cfg, tools=None, environment_factory=None, task_tools=()):
-    """The run's Agent, from the tools and environment given from Python and in the config (--tools, --environment),
-    or None when there are none -> (agent, the config's record of those given from Python: {key: "python:name"}).
-    A task's own tools (`Task.tools`, e.g. the calculator's) join them."""
+    def eval_metrics(self, samples: list[dict]) -> dict:
+        """An evaluation's tool calls and failures per episode and environment rewards, from its samples."""
+        n, out = max(len(samples), 1), {}
+        out["eval/tool_calls_mean"] = sum(s["tool_calls"] for s in samples) / n
+        out["eval/tool_failures_mean"] = sum(s["tool_failures"] for s in samples) / n
+        for name in {type(env).__name__ for env in getattr(self, "envs", []) if hasattr(env, "get_reward")}:
+            values = [s[name] for s in samples if name in s]
+            out[f"eval/{name}_mean"] = sum(values) / max(len(values), 1)
+        return out
+
+
+def make_agent(cfg, task, tools=None, environment_factory=None):
+    """The run's Agent, from the tools and environment given from Python, in the config (--tools, --environment) and
+    the task's own (`Task.tools`, e.g. the calculator's; `Task.environment`, e.g. guess's) -> (agent, the config's
+    record of those given from Python: {key: "python:name"})."""
     from nanorl.tasks.builtin import load_object
 
     names = [n.strip() for n in getattr(cfg, "tools", "").split(",") if n.strip()]
     python_tools = list(tools or [])
-    tools = python_tools + list(task_tools) + [load_object(n, "tools") for n in names]
+    tools = python_tools + list(task.tools) + [load_object(n, "tools") for n in names]
     env = environment_factory or (
-        load_object(cfg.environment, "environment") if getattr(cfg, "environment", "") else None
+        load_object(cfg.environment, "environment") if getattr(cfg, "environment", "") else task.environment
     )
-    if not tools and env is None:
-        return None, {}
     if not hasattr(cfg, "max_tool_calls"):
-        raise ConfigError("tools and environments: `nanorl train` only so far (not PPO)")
+        raise ConfigError("tools and environments: `nanorl train` and `nanorl eval` only so far (not PPO)")
     if distributed.world_size() > 1:
         raise ConfigError("tools and environments: not yet under torchrun (run them in one process)")
     if getattr(cfg, "dynamic_sampling", 0):

@@ -62,6 +62,7 @@ class Task:
     on_error: str = "raise"  # a reward that raises: "raise" (stop, naming the input) or "zero" (score 0, count it)
     acc_threshold: float = 1.0  # accuracy metrics count a completion correct when its reward is >= this
     tools: list = field(default_factory=list)  # tools its episodes may call (agents/; e.g. the calculator task's)
+    environment: object = None  # an environment class each episode acts in, one instance each (e.g. guess's)
 
     def __post_init__(self):
         if not self.train:
@@ -78,7 +79,7 @@ class Task:
             for ex in (self.train[0], *self.eval[:1]):
                 try:  # TRL's batched form: every column it names must exist
                     if hasattr(fn, "arguments"):
-                        fn.signature.bind(**fn.arguments([ex.prompt], [""], [ex.fields]))
+                        fn.signature.bind(**fn.arguments([ex.prompt], [""], [ex.fields], episodes={"environments": 0}))
                     else:
                         inspect.signature(fn).bind(ex.prompt, "", **ex.fields)
                 except TypeError as e:

@@ -39,6 +39,10 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_fi
         from nanorl.tasks.calculator import calculator_task
 
         task = calculator_task(eval_size=eval_size, seed=seed)
+    elif name == "guess":  # a multi-turn environment (agents/)
+        from nanorl.tasks.guess import guess_task
+
+        task = guess_task(eval_size=eval_size, seed=seed)
     elif name in ("code", "sql"):  # small hand-written sets: 10 problems held out
         from nanorl.tasks.code import code_task
         from nanorl.tasks.sql import sql_task
@@ -61,7 +65,7 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_fi
         )
     else:
         raise ConfigError(
-            f"config key 'task': unknown task {name!r} (use arithmetic, countdown, calculator, code, sql, "
+            f"config key 'task': unknown task {name!r} (use arithmetic, countdown, calculator, guess, code, sql, "
             f"gsm8k:FILE.jsonl, a data file (.jsonl, .json, .csv, .parquet), a dataset folder or hub id)"
         )
     return task
