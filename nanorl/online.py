@@ -190,6 +190,8 @@ def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer, devi
     group_size, t = cfg.samples_per_prompt, time.perf_counter()
     rows, episodes = [examples[i // group_size] for i in range(len(texts))], agent and agent.trl_episodes()
     named, total, errors = task.score_parts(rows, texts, roll.completion_ids, step, cfg.steps, episodes)
+    env = agent.environment_rewards() if agent else {}  # get_reward() of each episode's environment, by class name
+    named.update(env)
     timer["reward_errors"] = timer.get("reward_errors", 0) + errors
     parts = {k: torch.tensor([float("nan") if x is None else x for x in v]) for k, v in named.items()}  # NaN: skipped
     # torchrun: every rank the same parts in one order (a flag a failed batch did not report on this rank is NaN)
@@ -199,8 +201,7 @@ def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer, devi
     if rm is not None:
         parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)
         rewards = rewards + cfg.rm_weight * parts["rm"]
-    for name, values in (agent.environment_rewards() if agent else {}).items():  # get_reward(), named by its class
-        parts[name] = torch.tensor([float("nan") if v is None else v for v in values])
+    for name in dict.fromkeys(distributed.gather_objects(list(env))):  # added to the reward as they are
         rewards = rewards + parts[name].nan_to_num(0.0)
     timer["reward"] += time.perf_counter() - t
     return rewards, parts

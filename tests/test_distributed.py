@@ -20,6 +20,27 @@ import nanorl
 REWARD = """
 def digits(completions, **kw):  # a reward the tiny random model's samples differ on: a learning signal
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+class Letters:  # an environment: its reward reads the episode's last reply, which the tool result leads into
+    def reset(self, **row):
+        self.text = ""
+        return " Spell it."
+
+    def spell(self, word: str) -> str:
+        \"\"\"Spell a word.
+
+        Args:
+            word: the word
+        \"\"\"
+        return " ".join(word)
+
+    def get_reward(self):
+        return 0.5
+
+
+def letters(completions, environments, **kw):  # TRL form: the episodes' messages and their environments
+    return [sum(ch.isalpha() for ch in c[-1]["content"]) / 8 + e.get_reward() for c, e in zip(completions, environments)]
 """
 GRPO = ["train", "--steps", "3", "--lr", "3e-3", "--reward", "r.py:digits"]
 CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss, batch whitening, filtered overlong;
@@ -40,6 +61,7 @@ CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss
         "--max-new-tokens",
         "12",
     ],
+    "episodes": ["train", "--steps", "3", "--lr", "3e-3", "--reward", "r.py:letters", "--environment", "r.py:Letters"],
     "ppo": [
         "ppo",
         "--steps",

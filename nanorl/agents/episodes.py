@@ -230,15 +230,20 @@ class Agent:
         return {"completions": completions, **({"environments": self.envs} if self.factory is not None else {})}
 
     def metrics(self, roll) -> dict:
-        n = len(roll.completion_ids)
-        model = [roll.model_tokens(i) for i in range(n)]
+        """The step's tool calls, failures, turns and tokens per episode, over every process's episodes."""
+        rows = [
+            [c, f, r + 1, roll.model_tokens(i), len(ids)]
+            for i, (c, f, r, ids) in enumerate(zip(self.calls, self.failures, self.rounds, roll.completion_ids))
+        ]
+        calls, failures, turns, model, length = distributed.gather(torch.tensor(rows, dtype=torch.float64)).sum(0)
+        n = distributed.reduce(len(rows))
         return {
-            "tools/call_frequency": sum(self.calls) / n,
-            "tools/failure_frequency": sum(self.failures) / max(sum(self.calls), 1),
-            "episode/turns_mean": sum(r + 1 for r in self.rounds) / n,
-            "episode/model_tokens_mean": sum(model) / n,
-            "episode/tool_tokens_mean": sum(len(c) - m for c, m in zip(roll.completion_ids, model)) / n,
-            "episode/len_mean": sum(len(c) for c in roll.completion_ids) / n,
+            "tools/call_frequency": (calls / n).item(),
+            "tools/failure_frequency": (failures / max(calls, 1)).item(),
+            "episode/turns_mean": (turns / n).item(),
+            "episode/model_tokens_mean": (model / n).item(),
+            "episode/tool_tokens_mean": ((length - model) / n).item(),
+            "episode/len_mean": (length / n).item(),
         }
 
     def records(self, i: int) -> dict:
@@ -278,8 +283,8 @@ def make_agent(cfg, task, tools=None, environment_factory=None):
     )
     if not hasattr(cfg, "max_tool_calls"):
         raise ConfigError("tools and environments: `nanorl train` and `nanorl eval` only so far (not PPO)")
-    if distributed.world_size() > 1:
-        raise ConfigError("tools and environments: not yet under torchrun (run them in one process)")
+    if distributed.world_size() > 1 and getattr(cfg, "strategy", "ddp") == "fsdp":  # ranks' turns differ in number
+        raise ConfigError("tools and environments: not yet under --strategy fsdp (each turn gathers the weights)")
     if getattr(cfg, "dynamic_sampling", 0):
         raise ConfigError("config key 'dynamic_sampling': not yet with tools or an environment")
     named = {}
