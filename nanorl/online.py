@@ -261,7 +261,7 @@ def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: i
     }
 
 
-def sample_records(examples, texts, rewards, roll, group_size: int, agent=None) -> list[dict]:
+def sample_records(examples, texts, rewards, roll, group_size: int) -> list[dict]:
     """A couple of the step's completions with their rewards, for samples.jsonl; an episode's with every turn."""
     rows = range(0, len(texts), group_size * max(1, len(examples) // 2))
     return [
@@ -270,7 +270,7 @@ def sample_records(examples, texts, rewards, roll, group_size: int, agent=None) 
             "completion": texts[i],
             "reward": rewards[i].item(),
             "truncated": roll.truncated[i],
-            **(agent.records(i) if agent else {}),
+            **(roll.episodes[i] if roll.episodes else {}),
         }
         for i in rows
     ]

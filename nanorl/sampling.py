@@ -51,6 +51,7 @@ class Rollouts:
     # Episodes with tools (agents/): (N,) tensors of (completion length,), 1 on the tokens the model wrote, 0 on
     # tool and environment tokens (never trained; their log-probs are 0). None: every token is the model's.
     model_mask: list[torch.Tensor] | None = None
+    episodes: list[dict] | None = None  # (N,) what an episode was: its messages, tool calls, failures, turns
 
     def model_tokens(self, i: int) -> int:
         """How many tokens of row i the model wrote (what the loss trains and its normalisers count)."""
@@ -59,19 +60,15 @@ class Rollouts:
     def groups(self, idx: list[int]) -> "Rollouts":
         """The rollouts of groups `idx` (in that order)."""
         rows = [g * self.group_size + j for g in idx for j in range(self.group_size)]
-        fields = ("prompt_ids", "completion_ids", "logprobs", "truncated")
-        mask = None if self.model_mask is None else [self.model_mask[i] for i in rows]
-        return Rollouts(*([getattr(self, f)[i] for i in rows] for f in fields), self.group_size, mask)
+        rows_of = {f: getattr(self, f) and [getattr(self, f)[i] for i in rows] for f in ROWS}
+        return Rollouts(**rows_of, group_size=self.group_size)
 
     def __add__(self, other: "Rollouts") -> "Rollouts":
-        assert self.model_mask is None and other.model_mask is None, "episodes are not joined (dynamic sampling)"
-        return Rollouts(
-            self.prompt_ids + other.prompt_ids,
-            self.completion_ids + other.completion_ids,
-            self.logprobs + other.logprobs,
-            self.truncated + other.truncated,
-            self.group_size,
-        )
+        both = {f: getattr(self, f) and getattr(self, f) + getattr(other, f) for f in ROWS}  # None stays None
+        return Rollouts(**both, group_size=self.group_size)
+
+
+ROWS = ("prompt_ids", "completion_ids", "logprobs", "truncated", "model_mask", "episodes")  # one entry per row
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None):

@@ -40,7 +40,8 @@ class Letters:  # an environment: its reward reads the episode's last reply, whi
 
 
 def letters(completions, environments, **kw):  # TRL form: the episodes' messages and their environments
-    return [sum(ch.isalpha() for ch in c[-1]["content"]) / 8 + e.get_reward() for c, e in zip(completions, environments)]
+    return [sum(ch.isalpha() for ch in c[-1]["content"]) / 8 + e.get_reward()
+            for c, e in zip(completions, environments)]
 """
 GRPO = ["train", "--steps", "3", "--lr", "3e-3", "--reward", "r.py:digits"]
 CASES = {  # on-policy GRPO; off-policy minibatches over 2 epochs with a KL loss, batch whitening, filtered overlong;

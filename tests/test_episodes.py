@@ -239,8 +239,26 @@ def test_tools_from_the_command_line_and_bad_ones(tmp_path):
     assert json.loads((out / "config.json").read_text())["tools"].endswith("mytools.py:add")
     with pytest.raises(SystemExit):
         main(args + ["--out-dir", str(tmp_path / "bad"), "--tools", f"{tmp_path}/mytools.py:nothing"])
-    with pytest.raises(SystemExit):
-        main(args + ["--out-dir", str(tmp_path / "bad2"), "--tools", f"{tmp_path}/mytools.py:add", "--algo", "dapo"])
+    dapo = tmp_path / "dapo"  # dynamic sampling: the tiny model's groups all score 0, so every refill is drawn
+    main(args + ["--out-dir", str(dapo), "--tools", f"{tmp_path}/mytools.py:add", "--algo", "dapo", "--eval-size", "2"])
+    assert json.loads((dapo / "metrics.jsonl").read_text())["rollout/refills"] > 0
+
+
+def test_refilled_and_selected_episodes_keep_their_records_and_masks():
+    """DAPO's dynamic sampling joins a step's rollouts and keeps some groups: each row keeps its own episode."""
+
+    def script(prompt, turn):
+        return call("multiply", a=2, b=3) if "Call." in prompt and "<|im_start|>tool" not in prompt else "done"
+
+    tok, cfg, agent, sampler = setup(script)
+    timer = {"rollout": 0, "reward": 0, "tokens": 0}
+    first, _ = online.rollout(sampler, tok, [Example("Call."), Example("No.")], cfg, 0, timer, agent)
+    more, _ = online.rollout(sampler, tok, [Example("No."), Example("Call.")], cfg, 1, timer, agent)
+    joined = (first + more).groups([3, 1])  # the second rollout's "Call." group, then the first's "No."
+    assert [e["tool_calls"] for e in joined.episodes] == [1, 1, 0, 0]
+    assert [int(m.sum()) < len(m) for m in joined.model_mask] == [True, True, False, False]  # tool tokens
+    assert joined.episodes[0]["messages"][-2] == {"role": "tool", "name": "multiply", "content": "6"}
+    assert agent.metrics(joined)["tools/call_frequency"] == 0.5
 
 
 def test_the_calculator_task_and_its_tool():

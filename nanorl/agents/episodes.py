@@ -137,6 +137,7 @@ class Agent:
             seeds = [derive_seed(seed, first_row + i, "turn", turn) for i in live]
             prefixes = [roll.prompt_ids[i] + roll.completion_ids[i] for i in live]
             self.extend(roll, live, sampler.generate(prefixes, 1, turn_params, seeds))
+        roll.episodes = [self.records(i) for i in range(len(roll.completion_ids))]  # kept with the rows they are
 
     # ---------------------------------------------------------------- a turn
 
@@ -232,8 +233,8 @@ class Agent:
     def metrics(self, roll) -> dict:
         """The step's tool calls, failures, turns and tokens per episode, over every process's episodes."""
         rows = [
-            [c, f, r + 1, roll.model_tokens(i), len(ids)]
-            for i, (c, f, r, ids) in enumerate(zip(self.calls, self.failures, self.rounds, roll.completion_ids))
+            [e["tool_calls"], e["tool_failures"], e["turns"], roll.model_tokens(i), len(roll.completion_ids[i])]
+            for i, e in enumerate(roll.episodes)
         ]
         calls, failures, turns, model, length = distributed.gather(torch.tensor(rows, dtype=torch.float64)).sum(0)
         n = distributed.reduce(len(rows))
@@ -248,7 +249,12 @@ class Agent:
 
     def records(self, i: int) -> dict:
         """What samples.jsonl shows of episode i: every turn, tool call and tool result."""
-        return {"messages": self.messages[i], "tool_calls": self.calls[i], "tool_failures": self.failures[i]}
+        return {
+            "messages": self.messages[i],
+            "tool_calls": self.calls[i],
+            "tool_failures": self.failures[i],
+            "turns": self.rounds[i] + 1,
+        }
 
     def eval_records(self) -> list[dict]:
         """What an evaluation's samples show of each episode: its messages, tool calls and environment reward."""
@@ -285,8 +291,6 @@ def make_agent(cfg, task, tools=None, environment_factory=None):
         raise ConfigError("tools and environments: `nanorl train` and `nanorl eval` only so far (not PPO)")
     if distributed.world_size() > 1 and getattr(cfg, "strategy", "ddp") == "fsdp":  # ranks' turns differ in number
         raise ConfigError("tools and environments: not yet under --strategy fsdp (each turn gathers the weights)")
-    if getattr(cfg, "dynamic_sampling", 0):
-        raise ConfigError("config key 'dynamic_sampling': not yet with tools or an environment")
     named = {}
     if python_tools:
         named["tools"] = ",".join(f"python:{getattr(f, '__name__', 'tool')}" for f in python_tools)
