@@ -191,3 +191,22 @@ def test_report_in_headless_chromium(tmp_path):
         [*run, f"--screenshot={png}", "--window-size=1200,2000", page.as_uri()], capture_output=True, timeout=120
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_an_episode_with_tools_is_shown_turn_by_turn(tmp_path):
+    """samples.jsonl and eval_samples.jsonl of a run with tools: every reply, call and result in the report."""
+    call = {"type": "function", "function": {"name": "guess", "arguments": {"number": 16}}}
+    messages = [
+        {"role": "user", "content": "Find it."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "guess", "content": "<lower>"},
+        {"role": "assistant", "content": "It is 8."},
+    ]
+    sample = {"prompt": "Find it.", "completion": "It is 8.", "reward": 1.0, "messages": messages, "tool_calls": 1}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 1.0}) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "grpo", "model": "tiny", "task": "guess"}))
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"step": 1, **sample}) + "\n")
+    (tmp_path / "eval_samples.jsonl").write_text(json.dumps(sample) + "\n")
+    page = write_report(tmp_path).read_text()
+    episode = "model:  [calls guess({&quot;number&quot;: 16})]\n  guess -&gt; &lt;lower&gt;\nmodel: It is 8."
+    assert page.count(episode) == 2  # during training and held out, the tool's text escaped

@@ -95,10 +95,29 @@ def _charts(run_dir: Path) -> str:
     return f'<img alt="curves of the run" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
 
 
+def _episode(messages: list[dict]) -> str:
+    """An episode after its prompt as text (agents/): each reply with the tools it called, each tool's result."""
+    lines = []
+    for m in messages:
+        if m["role"] == "assistant":
+            calls = [
+                f"{c['function']['name']}({json.dumps(c['function']['arguments'])})" for c in m.get("tool_calls", [])
+            ]
+            lines.append(" ".join(["model:", m["content"], *(f"[calls {c}]" for c in calls)]))
+        elif m["role"] == "tool":
+            lines.append(f"  {m.get('name', 'tool')} -> {m['content']}")
+    return "\n".join(lines)
+
+
 def _records(samples: list[dict], keys: tuple) -> str:
-    """Sample records as a table: a column for each of `keys` that some record has."""
+    """Sample records as a table: a column for each of `keys` that some record has; an episode with tools shows every
+    turn in its completion column."""
     cols = [k for k in keys if any(k in s for s in samples)]
-    return _table(cols, [[s.get(k, "") for k in cols] for s in samples]) if samples else ""
+    rows = [
+        [_episode(s["messages"]) if k == "completion" and "messages" in s else s.get(k, "") for k in cols]
+        for s in samples
+    ]
+    return _table(cols, rows) if samples else ""
 
 
 def _samples(samples: list[dict], points: int = 5, per_point: int = 3) -> str:
@@ -106,7 +125,7 @@ def _samples(samples: list[dict], points: int = 5, per_point: int = 3) -> str:
     steps = sorted({s.get("step", 0) for s in samples})
     chosen = sorted({steps[round(i * (len(steps) - 1) / max(points - 1, 1))] for i in range(points)}) if steps else []
     shown = [s for st in chosen for s in [s for s in samples if s.get("step", 0) == st][:per_point]]
-    return _records(shown, ("step", "prompt", "completion", "reward", "truncated"))
+    return _records(shown, ("step", "prompt", "completion", "reward", "truncated", "tool_calls"))
 
 
 def _flat(d: dict, prefix: str = "") -> list[list]:
@@ -142,7 +161,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ),
         _section(
             "Held-out completions",
-            _records(held_out, ("prompt", "completion", "reward", "answer")),
+            _records(held_out, ("prompt", "completion", "reward", "answer", "tool_calls")),
             "eval_samples.jsonl: greedy completions at the last evaluation",
         ),
         _section("Config", _columns(list(map(list, cfg.items())))),
