@@ -45,6 +45,52 @@ def nanorl_curve(run_dir: Path) -> list[dict]:
     return [{"step": e["step"], "minutes": train_s[e["step"]] / 60, "acc": e["eval/greedy_acc"]} for e in evals]
 
 
+def trl_args(cfg, output_dir: str, **overrides):
+    """TRL's GRPOConfig for nanorl's GRPOConfig `cfg`, setting by setting (the module docstring says why each);
+    `overrides` replace any of them."""
+    from trl import GRPOConfig as TRLConfig
+
+    n = cfg.prompts_per_step * cfg.samples_per_prompt
+    assert n % cfg.micro_batch_size == 0
+    settings = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=cfg.micro_batch_size,
+        gradient_accumulation_steps=n // cfg.micro_batch_size,  # one generation batch, one optimizer step
+        num_generations=cfg.samples_per_prompt,
+        max_completion_length=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_k=0,
+        top_p=1.0,
+        beta=cfg.kl_coef,
+        epsilon=cfg.clip_low,
+        epsilon_high=cfg.clip_high,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=cfg.epochs,
+        learning_rate=cfg.lr,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        adam_epsilon=1e-8,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.grad_clip,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.1},
+        gradient_checkpointing=False,
+        use_cpu=True,
+        max_steps=cfg.steps,
+        logging_steps=1,
+        bf16=False,
+        fp16=False,  # TRL's own default is bf16=True, which autocasts on CPUs too
+        report_to="none",
+        save_strategy="no",
+        shuffle_dataset=False,
+        seed=cfg.seed,
+        disable_dropout=True,
+    )
+    return TRLConfig(**{**settings, **overrides})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -62,7 +108,6 @@ def main() -> None:
 
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer
 
     from nanorl.config import GRPOConfig
@@ -85,40 +130,9 @@ def main() -> None:
         return task.score([by_prompt[p[-1]["content"]] for p in prompts], [c[0]["content"] for c in completions])
 
     out.mkdir(parents=True, exist_ok=True)
-    n = cfg.prompts_per_step * cfg.samples_per_prompt
-    args = TRLConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl_curve_"),
-        per_device_train_batch_size=n,
-        num_generations=cfg.samples_per_prompt,
-        max_completion_length=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_k=0,
-        top_p=1.0,
-        beta=0.0,
-        loss_type="dapo",
-        scale_rewards="group",
-        num_iterations=1,
-        gradient_accumulation_steps=1,
-        learning_rate=cfg.lr,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
-        adam_epsilon=1e-8,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.grad_clip,
-        warmup_steps=cfg.warmup_steps,
-        lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": 0.1},
-        gradient_checkpointing=False,
-        use_cpu=True,
-        max_steps=cfg.steps,
-        logging_steps=1,
-        bf16=False,
-        fp16=False,  # TRL's own default is bf16=True, which autocasts on CPUs too
-        report_to="none",
-        save_strategy="no",
-        shuffle_dataset=False,
-        seed=cfg.seed,
-        disable_dropout=True,
+    n = cfg.prompts_per_step * cfg.samples_per_prompt  # the whole step in one micro-batch
+    args = trl_args(
+        cfg, tempfile.mkdtemp(prefix="trl_curve_"), per_device_train_batch_size=n, gradient_accumulation_steps=1
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
     assert trainer.accelerator.mixed_precision == "no", "TRL must run in fp32, as nanorl does on CPU"
