@@ -137,6 +137,7 @@ class LocalSampler:
 
     def __init__(self, model, stop_ids: list[int], pad_id: int, backend: Backend = AUTO):
         self.model, self.stop_ids, self.pad_id, self.backend = model, stop_ids, pad_id, backend
+        self.prefill = prefill_prompts  # agents/prefixes.py swaps in one that reuses the last turn's cache
 
     def generate(
         self, prompts: list[list[int]], group_size: int, params: SamplingParams, seed: int | list[int]
@@ -146,7 +147,15 @@ class LocalSampler:
         try:  # FSDP: on the gathered weights (ranks stop decoding at different steps)
             with distributed.full_weights(self.model):
                 return generate(
-                    self.model, prompts, group_size, params, self.stop_ids, seed, self.pad_id, backend=self.backend
+                    self.model,
+                    prompts,
+                    group_size,
+                    params,
+                    self.stop_ids,
+                    seed,
+                    self.pad_id,
+                    self.backend,
+                    self.prefill,
                 )
         finally:
             self.model.train(was_training)
@@ -183,6 +192,19 @@ class ModelStep:
         return out.logits[:, -1]  # (A, V)
 
 
+def prefill_prompts(model, prompts: list[list[int]], pad_id: int, device):
+    """The prompts through the model, left-padded -> (transformers cache, mask (P, Lp), last position's logits (P, V),
+    last position (P,))."""
+    from transformers import DynamicCache
+
+    ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    kw = {cache_kwarg(model): cache}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kw)
+    return cache, mask, out.logits[:, -1], pos[:, -1]
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -192,14 +214,13 @@ def generate(
     stop_ids: list[int],
     seed,
     pad_id=0,
-    lean=True,
     backend: Backend = AUTO,
+    prefill=prefill_prompts,
+    lean=True,
 ) -> Rollouts:
     """Sample group_size completions for each prompt; deterministic for a given seed (one per prompt, or an int for all:
     Sampler.generate), model and device. `lean=False` decodes with the model's own forward even where
     backends/decode.py's faster step applies."""
-    from transformers import DynamicCache
-
     with backend.forward(model, pack_weights=True) as packed:
         device = next(model.parameters()).device
         seeds = seed if isinstance(seed, list) else [derive_seed(seed, i, "prompt") for i in range(len(prompts))]
@@ -216,19 +237,9 @@ def generate(
         stops = torch.tensor(stop_ids, device=device)
 
         # --- prefill: each distinct prompt once; its cache serves the group_size samples of its group
-        ids, mask = left_pad(prompts, pad_id, device)  # (P, Lp)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_kwarg(model): cache},
-        )
-        logits = out.logits[:, -1].repeat_interleave(group_size, 0)  # (N, V)
-        next_pos = pos[:, -1].repeat_interleave(group_size, 0) + 1  # (N,)
+        cache, mask, logits, last = prefill(model, prompts, pad_id, device)
+        logits = logits.repeat_interleave(group_size, 0)  # (N, V)
+        next_pos = last.repeat_interleave(group_size, 0) + 1  # (N,)
         step = (
             lean
             and backend.decoder(model, packed, cache, mask, group_size, params.max_new_tokens)
@@ -280,9 +291,11 @@ def sample_episodes(
     else:  # the tools in the prompt; an environment's opening makes each episode's prompt its own
         prompts = agent.prompts(tok, examples, group_size, system_prompt)
         seeds = agent.seeds(seeds, len(prompts), seed, first_row)
-    roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
-    roll.group_size = group_size
     if agent is None:
+        roll = sampler.generate(prompts, group_size, params, seeds)
         return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
-    agent.play(sampler, tok, roll, params, seed, first_row)  # the episodes that called tools go on, turn by turn
+    with agent.reuse_prefixes(sampler):  # later turns prefill only what the last one added
+        roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
+        roll.group_size = group_size
+        agent.play(sampler, tok, roll, params, seed, first_row)  # the episodes that called tools go on, turn by turn
     return roll, agent.answers(tok, roll)

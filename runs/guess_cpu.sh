@@ -37,5 +37,6 @@ PY
 wc -l "$out/sft.jsonl"
 nanorl sft --data "$out/sft.jsonl" --task '' --max-length 640 --epochs 1 --batch-size 16 --eval-every 100 \
   --out-dir "$out/sft"
+[ "${STEPS:-20}" = 0 ] && exit 0  # the warm-up only
 nanorl train --model "$out/sft/model" --task guess --steps ${STEPS:-20} --eval-every 10 --eval-size 50 \
   --max-new-tokens 192 --out-dir "$out/grpo"  # step 0's evaluation: the warmed-up model before RL

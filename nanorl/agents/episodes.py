@@ -21,6 +21,7 @@ import inspect
 import torch
 
 from nanorl import distributed
+from nanorl.agents.prefixes import reuse_prefixes
 from nanorl.agents.tools import (
     environment_tools,
     fallback_system_prompt,
@@ -118,6 +119,8 @@ class Agent:
 
     def row_tools(self, i: int) -> list:
         return self.tools + (environment_tools(self.envs[i]) if self.factory is not None else [])
+
+    reuse_prefixes = staticmethod(reuse_prefixes)  # later turns prefill only what the last turn added
 
     @staticmethod
     def seeds(per_prompt: list[int], n_prompts: int, seed: int, first_row: int) -> list[int]:
