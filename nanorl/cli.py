@@ -34,8 +34,8 @@ def eval_main(cfg: EvalConfig) -> None:
     from nanorl.backends import select_backend
     from nanorl.evaluate import evaluate
     from nanorl.models import load_model, resolve_device, stop_token_ids
-    from nanorl.online import make_agent
-    from nanorl.sampling import LocalSampler, SamplingParams
+    from nanorl.online import make_agent, make_sampler
+    from nanorl.sampling import SamplingParams
     from nanorl.tasks import task_from_config
 
     task = task_from_config(cfg)
@@ -44,7 +44,7 @@ def eval_main(cfg: EvalConfig) -> None:
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
     model, tok = load_model(cfg.model, device, dtype)
     model.eval()
-    sampler = LocalSampler(model, stop_token_ids(model, tok), tok.pad_token_id, backend)
+    sampler = make_sampler(cfg, model, tok, stop_token_ids(model, tok), backend)
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
     metrics, samples = evaluate(sampler, tok, task, params, cfg.k, cfg.system_prompt, agent=agent)
     print(json.dumps(metrics, indent=2))

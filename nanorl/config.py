@@ -135,8 +135,18 @@ class AgentConfig:
     max_episode_tokens: int = _f(0, "model and tool tokens of an episode (0 = no cap but max_new_tokens)")
 
 
+@dataclass
+class VllmConfig:
+    """Rollouts on vLLM, TRL's names (integrations/vllm.py; pip install -e ".[vllm]")"""
+
+    use_vllm: bool = _f(False, "sample rollouts and evaluations with a vLLM engine instead of nanorl's sampler")
+    vllm_mode: str = _f("colocate", "colocate: the engine in the trainer's process (server: not yet)")
+    vllm_gpu_memory_utilization: float = _f(0.3, "the share of GPU memory the engine takes (on a CPU: of its memory)")
+    vllm_max_model_length: int = _f(0, "the engine's context, prompt + completion tokens (0 = the model's)")
+
+
 @defaults(model="")
-class EvalConfig(AgentConfig, SamplingConfig, TaskConfig, ModelConfig):
+class EvalConfig(VllmConfig, AgentConfig, SamplingConfig, TaskConfig, ModelConfig):
     """Held-out greedy accuracy and pass@k of a model on a task (`nanorl eval`; --model is required)"""
 
     k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
@@ -166,7 +176,7 @@ class OnlineConfig(OptimConfig, SamplingConfig, TaskConfig, ScaleConfig, RunConf
 
 
 @dataclass
-class GRPOConfig(AgentConfig, OnlineConfig):
+class GRPOConfig(VllmConfig, AgentConfig, OnlineConfig):
     """GRPO and its family on a verifiable-reward task (DeepSeekMath, arXiv 2402.03300); `nanorl train`"""
 
     algo: str = _f("grpo", "a preset of the knobs below (docs/algorithms.md); explicit keys override it")
@@ -262,6 +272,7 @@ CHOICES = {
     "lr_schedule": ("constant", "cosine", "linear"),
     "backend": ("auto", "torch"),
     "strategy": ("ddp", "fsdp"),
+    "vllm_mode": ("colocate",),
     "algo": tuple(PRESETS),
     "loss": ("sigmoid", "ipo", "hinge"),
     "dtype": ("auto", "float32", "bf16-mixed", "bfloat16", "float16"),
@@ -275,10 +286,14 @@ RULES = {
     **dict.fromkeys("max_length batch_size eval_every eval_size k eval_k keep_last".split(), AT_LEAST_1),
     **dict.fromkeys("max_bad_steps warmup_steps save_every top_k kl_coef weight_decay grad_clip".split(), NOT_NEGATIVE),
     **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef".split(), NOT_NEGATIVE),
-    **dict.fromkeys("dynamic_sampling lora_r max_tool_calls max_episode_tokens".split(), NOT_NEGATIVE),
+    **dict.fromkeys(
+        "dynamic_sampling lora_r max_tool_calls max_episode_tokens vllm_max_model_length".split(), NOT_NEGATIVE
+    ),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha".split(), POSITIVE),
     **dict.fromkeys("gamma gae_lambda".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "use_vllm": (lambda v: not v or importlib.util.find_spec("vllm"), "false here: vllm is not installed (see README)"),
     "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
     "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
     "is_cap": (lambda v: v > 1, "> 1"),

@@ -41,7 +41,6 @@ from nanorl.logprobs import token_logprobs
 from nanorl.losses import kl_penalty
 from nanorl.models import stop_token_ids
 from nanorl.online import informative_groups
-from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 from nanorl.update import learner_logprobs, merge_stats, policy_backward, rows_batch, update_metrics
 
@@ -99,7 +98,7 @@ def train(
         cfg, device, dtype, str(ckpt) if resuming else cfg.model, model, tokenizer
     )
     pad_id, group_size = tok.pad_token_id, cfg.samples_per_prompt
-    sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
+    sampler = online.make_sampler(cfg, policy, tok, stop_token_ids(policy, tok), backend)
     online.check_context(cfg, policy, tok, task)
     logger = make_logger(out, cfg.report_to, append=resuming, total_steps=cfg.steps, config=cfg, callbacks=callbacks)
     online.describe(
@@ -191,8 +190,10 @@ def train(
                 )
                 grad_norm = optimizer_step(policy, opt, sched, cfg.grad_clip)  # NaN / inf: the update is skipped
                 merge_stats(sums, stats, grad_norm)
-        sampler.sync_weights(policy)
+        timer["sync"] = time.perf_counter()
+        sampler.sync_weights(policy)  # an engine with its own copy of the weights loads the new ones (vLLM)
         t3 = time.perf_counter()
+        timer["sync"] = t3 - timer["sync"]
 
         # -------------------------------------------------------------- log / eval / checkpoint
         first_rewards, rewards, shaped, kl_seq = map(everyone, (first_rewards, rewards, shaped, kl_seq))  # global

@@ -33,7 +33,7 @@ from nanorl.evaluate import evaluate
 from nanorl.learner import count_bad_steps
 from nanorl.logprobs import AUTO
 from nanorl.models import check_tokenizer, is_adapter, load_model, resolve_device, trainable
-from nanorl.sampling import SamplingParams, sample_episodes
+from nanorl.sampling import LocalSampler, SamplingParams, sample_episodes
 from nanorl.seeds import derive_seed
 from nanorl.tasks import Task, parse_reward_spec, task_from_config
 
@@ -99,6 +99,15 @@ def make_agent(cfg, task: Task, tools=None, environment_factory=None):
     from nanorl.agents.episodes import make_agent
 
     return make_agent(cfg, task, tools, environment_factory)
+
+
+def make_sampler(cfg, model, tok, stop_ids: list[int], backend: Backend = AUTO):
+    """The run's sampler: a vLLM engine with --use_vllm (integrations/vllm.py, loaded only then), else nanorl's own."""
+    if getattr(cfg, "use_vllm", False):
+        from nanorl.integrations.vllm import VllmSampler
+
+        return VllmSampler(cfg, model, tok, stop_ids)
+    return LocalSampler(model, stop_ids, tok.pad_token_id, backend)
 
 
 def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, tokenizer=None):
@@ -249,11 +258,12 @@ def rollout_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict:
 
 
 def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: int, t_start: float) -> dict:
-    """Seconds of the step's phases (rollout + reward from t0, update from t2 to t3) and its token rates."""
+    """Seconds of the step's phases (rollout + reward from t0, update and weight sync from t2 to t3), token rates."""
     return {
         "time/rollout": timer["rollout"],
         "time/reward": timer["reward"],
-        "time/update": t3 - t2,
+        "time/update": t3 - t2 - timer.get("sync", 0.0),
+        "time/sync": timer.get("sync", 0.0),  # the sampler's copy of the new weights (0 for nanorl's own)
         "time/step": t3 - t0,
         "perf/rollout_tokens_per_s": timer["tokens"] / timer["rollout"],
         "perf/update_tokens_per_s": trained_tokens / max(t3 - t2, 1e-9),

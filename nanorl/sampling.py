@@ -171,9 +171,8 @@ class ModelStep:
     def __init__(self, model, cache, mask, group_size):
         self.model, self.cache, self.kw = model, cache, cache_kwarg(model)
         self.rows = torch.arange(len(mask) * group_size, device=mask.device)
-        select_cache_rows(
-            cache, self.rows // group_size
-        )  # (P, ...) -> (P * group_size, ...): each prompt's cache once per sample
+        # (P, ...) -> (P * group_size, ...): each prompt's cache once per sample
+        select_cache_rows(cache, self.rows // group_size)
         self.mask = mask.repeat_interleave(group_size, 0)  # (N, Lp)
 
     def __call__(self, tokens, rows, positions, t):
@@ -182,13 +181,8 @@ class ModelStep:
             select_cache_rows(self.cache, keep)
             self.rows, self.mask = rows, self.mask[keep]
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(rows), 1)], dim=1)
-        out = self.model(
-            input_ids=tokens[:, None],
-            attention_mask=self.mask,
-            position_ids=positions[:, None],
-            use_cache=True,
-            **{self.kw: self.cache},
-        )
+        kw = {self.kw: self.cache, "use_cache": True}
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None], **kw)
         return out.logits[:, -1]  # (A, V)
 
 
@@ -207,33 +201,19 @@ def prefill_prompts(model, prompts: list[list[int]], pad_id: int, device):
 
 @torch.no_grad()
 def generate(
-    model,
-    prompts,
-    group_size: int,
-    params: SamplingParams,
-    stop_ids: list[int],
-    seed,
-    pad_id=0,
-    backend: Backend = AUTO,
-    prefill=prefill_prompts,
-    lean=True,
-) -> Rollouts:
+    model, prompts, group_size: int, params: SamplingParams, stop_ids: list[int], seed, pad_id=0, backend=AUTO,
+    prefill=prefill_prompts, lean=True,
+) -> Rollouts:  # fmt: skip
     """Sample group_size completions for each prompt; deterministic for a given seed (one per prompt, or an int for all:
     Sampler.generate), model and device. `lean=False` decodes with the model's own forward even where
     backends/decode.py's faster step applies."""
     with backend.forward(model, pack_weights=True) as packed:
         device = next(model.parameters()).device
         seeds = seed if isinstance(seed, list) else [derive_seed(seed, i, "prompt") for i in range(len(prompts))]
-        noise = (
-            None
-            if params.temperature == 0
-            else torch.cat(  # (N, T) each prompt's uniforms, from its own seed
-                [
-                    torch.rand(group_size, params.max_new_tokens, generator=torch.Generator().manual_seed(s))
-                    for s in seeds
-                ]
-            ).to(device)
-        )
+        draws = [
+            torch.rand(group_size, params.max_new_tokens, generator=torch.Generator().manual_seed(s)) for s in seeds
+        ]
+        noise = None if params.temperature == 0 else torch.cat(draws).to(device)  # (N, T) each prompt's, its own seed
         stops = torch.tensor(stop_ids, device=device)
 
         # --- prefill: each distinct prompt once; its cache serves the group_size samples of its group

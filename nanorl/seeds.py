@@ -16,6 +16,7 @@ STREAMS = {
     "prompt": 1_000_000_007,  # one prompt's draws in a rollout (step = the prompt's index in the batch)
     "episode": 1_000_000_009,  # an episode's first reply when its prompt is its own (step = its row in the batch)
     "turn": 999_999_937,  # an episode's later replies (step = its row in the batch, round = the turn)
+    "sample": 1_000_000_021,  # one sample of a prompt on an engine that seeds each request (step = its index)
 }
 
 

@@ -55,7 +55,7 @@ DIFFERENT = {
     "(sequences per forward/backward) is the only memory knob",
     "generation_batch_size": "a step samples prompts_per_step x samples_per_prompt completions",
     "max_prompt_length": "prompts are never cut; a prompt that does not fit the context is refused before training",
-    "use_vllm": "nanorl samples with its own sampler (sampling.LocalSampler); vLLM is not wired in yet",
+    "use_vllm": "vLLM rollouts are in `nanorl train` and `nanorl eval` so far (--use_vllm true), not in PPO",
     "use_peft": "LoRA is on when --lora-r > 0",
     "reward_weights": "weights go in the reward spec: --reward 'math=1,answer_tag=0.2'",
     "sync_ref_model": "the reference model is the starting model and stays frozen",

@@ -52,6 +52,25 @@ def longer_parts(first, fresh, prompts):
     return [first.completion_ids[i] + [7, 8, 9][: i % 3 + 1] for i in (0, 1, 3, 5)] + [fresh, prompts[2][-1:]]
 
 
+def test_the_same_prompt_for_many_episodes_is_read_once():
+    """An environment's episodes each have a prompt, often the same one: each distinct prompt is prefilled once."""
+    torch.manual_seed(0)
+    model, tok = tiny_model_and_tokenizer()
+    model.eval()
+    read = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: read.append(kw["input_ids"].shape), with_kwargs=True)
+    a, b = list(range(5, 25)), list(range(30, 45))
+    prompts, seeds = [a, b, a, a, b], [1, 2, 3, 4, 5]
+    plain = LocalSampler(model, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 1, SamplingParams(10), seeds)
+    read.clear()
+    sampler = LocalSampler(model, [tok.eos_token_id], tok.pad_token_id)
+    with reuse_prefixes(sampler):
+        once = sampler.generate(prompts, 1, SamplingParams(10), seeds)
+    assert read[0] == (2, 20) and once.completion_ids == plain.completion_ids
+    for x, y in zip(plain.logprobs, once.logprobs):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=0)
+
+
 def test_another_sampler_is_left_as_it_is():
     class Engine:  # e.g. an inference server: its own caching
         def generate(self, prompts, group_size, params, seed):

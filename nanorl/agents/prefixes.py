@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from nanorl.logprobs import cache_kwarg
+from nanorl.logprobs import cache_kwarg, select_cache_rows
 
 
 @contextlib.contextmanager
@@ -49,10 +49,16 @@ class PrefixCache:
 
     def __call__(self, model, prompts: list[list[int]], pad_id: int, device):
         found = [self.longest_kept(p) for p in prompts]  # (row, tokens kept) or None
-        if not any(found):
-            cache, mask, logits, last = self.plain(model, prompts, pad_id, device)
-        else:
+        if any(found):
             cache, mask, logits, last = self.extend(model, prompts, found, pad_id, device)
+        else:  # each distinct prompt once (an environment's episodes start with one prompt each, often the same)
+            distinct = list(dict.fromkeys(map(tuple, prompts)))
+            cache, mask, logits, last = self.plain(model, [list(p) for p in distinct], pad_id, device)
+            if len(distinct) < len(prompts):
+                row = {p: i for i, p in enumerate(distinct)}
+                idx = torch.tensor([row[tuple(p)] for p in prompts], device=mask.device)
+                select_cache_rows(cache, idx)
+                mask, logits, last = mask[idx], logits[idx], last[idx]
         self.keep(prompts, cache, mask)
         return cache, mask, logits, last
 

@@ -5,6 +5,7 @@ default run imports none of them).
     trackers.py  TensorBoard and Weights & Biases loggers (--report-to tensorboard,wandb)
     plot.py      `nanorl plot RUN_DIR`: every curve of one or more runs, overlaid (matplotlib)
     report.py    `nanorl report RUN_DIR`: one self-contained HTML page of a run
+    vllm.py      rollouts on a vLLM engine in the trainer's process (--use_vllm true)
 
 FSDP2 (--strategy fsdp) is a plugin beside the other backends: backends/fsdp.py.
 """

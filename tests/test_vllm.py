@@ -1,0 +1,100 @@
+"""Rollouts on vLLM (integrations/vllm.py): a tiny model saved to disk runs through the colocated engine; its tokens'
+log-probs are the learner's, the weight sync changes what it samples exactly as the learner's weights changed, and a
+training run and an evaluation go through it. Skipped where vLLM is not installed (pip install -e ".[vllm]")."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
+
+from nanorl.config import GRPOConfig  # noqa: E402
+from nanorl.hub import tiny_model_and_tokenizer  # noqa: E402
+from nanorl.sampling import LocalSampler, SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A tiny random model in a folder, and one engine on it for the module's tests (starting one takes seconds)."""
+    from nanorl.integrations.vllm import VllmSampler
+
+    folder = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    model, tok = tiny_model_and_tokenizer(hidden=128)  # head size 32: the CPU engine takes no smaller
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+    model.eval()
+    return (
+        model,
+        tok,
+        VllmSampler(GRPOConfig(model=str(folder), vllm_gpu_memory_utilization=0.05), model, tok, [tok.eos_token_id]),
+    )
+
+
+def learner_logps(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_the_engine_samples_with_the_learners_log_probs_and_a_seed_is_a_seed(engine):
+    model, tok, sampler = engine
+    prompts = [tok("12+34=", add_special_tokens=False)["input_ids"], tok("7+8=", add_special_tokens=False)["input_ids"]]
+    roll = sampler.generate(prompts, 3, SamplingParams(10, temperature=0.7), seed=5)
+    assert len(roll.completion_ids) == 6 and roll.prompt_ids[3] == prompts[1] and roll.group_size == 3
+    for p, c, lp, cut in zip(roll.prompt_ids, roll.completion_ids, roll.logprobs, roll.truncated):
+        assert 0 < len(c) <= 10 and cut == (c[-1] != tok.eos_token_id)
+        torch.testing.assert_close(lp, learner_logps(model, p, c, 0.7), atol=1e-4, rtol=0)
+    again = sampler.generate(prompts, 3, SamplingParams(10, temperature=0.7), seed=5)
+    assert again.completion_ids == roll.completion_ids
+    assert len({tuple(c) for c in roll.completion_ids[:3]}) > 1  # a group's samples are not one draw
+    greedy = sampler.generate(prompts, 1, SamplingParams(10, temperature=0), seed=0)
+    local = LocalSampler(model, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 1, SamplingParams(10, 0), 0)
+    assert greedy.completion_ids == local.completion_ids  # greedy: the same tokens as nanorl's own sampler
+
+
+def test_sync_weights_makes_the_engine_sample_from_the_new_weights(engine):
+    model, tok, sampler = engine
+    prompt = [tok("5+5=", add_special_tokens=False)["input_ids"]]
+    before = sampler.generate(prompt, 1, SamplingParams(8, temperature=0), 0).completion_ids
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        sampler.sync_weights(model)
+        roll = sampler.generate(prompt, 1, SamplingParams(8, temperature=0), 0)
+        assert roll.completion_ids != before
+        torch.testing.assert_close(
+            roll.logprobs[0], learner_logps(model, prompt[0], roll.completion_ids[0], 1.0), atol=1e-4, rtol=0
+        )
+    finally:
+        model.load_state_dict(saved)
+        sampler.sync_weights(model)
+    assert sampler.generate(prompt, 1, SamplingParams(8, temperature=0), 0).completion_ids == before
+
+
+def test_train_and_eval_run_on_the_engine(tmp_path):
+    """The commands with --use_vllm, each in its own process (an engine reserves its memory until the process ends)."""
+    folder = str(tmp_path / "m")
+    model, tok = tiny_model_and_tokenizer(hidden=128)  # head size 32: the CPU engine takes no smaller
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    out, vllm_on = tmp_path / "run", ["--model", folder, "--use_vllm", "true", "--eval-size", "4"]
+    vllm_on += ["--vllm_gpu_memory_utilization", "0.1"]  # on a CPU: of the machine's memory
+
+    def nanorl(*args):
+        done = subprocess.run([sys.executable, "-m", "nanorl.cli", *args], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    nanorl(
+        "train", *vllm_on, "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "4", "--out-dir", str(out)
+    )
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["policy/sampler_logp_diff"] < 1e-3 for r in rows)  # the engine's log-probs
+    nanorl("eval", *vllm_on, "--out", str(tmp_path / "e.json"))
+    assert "eval/greedy_acc" in json.loads((tmp_path / "e.json").read_text())["metrics"]
