@@ -23,7 +23,8 @@ fails, as the linear weights are repacked), then its prefix cache is reset.
 
 On a CPU the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set here when unset), compiled graphs off
 (`enforce_eager`: startup ~4 s instead of 25-40 s); --vllm_gpu_memory_utilization is then the share of the machine's
-memory the engine reserves (vLLM's meaning on a CPU; TRL's default 0.3 is 7 GiB of 24).
+memory the engine reserves (vLLM's meaning on a CPU; TRL's default 0.3 is 7 GiB of 24), unless vLLM's
+VLLM_CPU_KVCACHE_SPACE=N gives its KV cache N GiB outright.
 """
 
 from __future__ import annotations
