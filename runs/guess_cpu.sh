@@ -2,11 +2,12 @@
 # The guessing game (`--task guess`, a multi-turn environment: higher/lower answers, 6 guesses, 1..32) on the
 # default model (issue 35): an SFT warm-up on transcripts of a player who guesses at random among the numbers still
 # possible, then GRPO on whole episodes, the reward solved (1) + GuessNumber's get_reward ((6 - guesses) / 6).
-# Results (results/guess_5856f08, 2-core AMD EPYC, with another benchmark running beside it): the SFT warm-up, 10
-# steps on 183 transcripts, 19.3 min, held-out nll 0.466 -> 0.127; greedy episodes then solve 9 of 24 held-out
-# numbers (5.8 tool calls each); GRPO steps take 14-18 min (4 x 8 episodes, 192 tokens a turn), so that run stopped
-# after 2 steps (STEPS=10 --prompts-per-step 4 --samples-per-prompt 8 --eval-size 24): later turns re-read the
-# whole episode, the cost to remove before a learning curve here.
+# Results (2-core AMD EPYC, each run beside other jobs): the SFT warm-up, 10 steps on 183 transcripts, 19.3 min,
+# held-out nll 0.466 -> 0.127 (results/guess_5856f08); greedy episodes then solve 11 of 32 held-out numbers (5.9
+# calls each). GRPO from it (STEPS=12 --prompts-per-step 4 --samples-per-prompt 8 --eval-every 6 --eval-size 32,
+# results/guess_grpo_b3191dd): sampled reward 0.07-0.39 with no trend, held-out 34% -> 38% (step 6) -> 16% (step
+# 12), calls per episode up from 5.9 to 6.7: not learned at this lr and length (later turns re-read only what the
+# last turn added since b3191dd: 135 s a rollout of 32 episodes instead of 831 s, benchmarks/episodes.py).
 set -euo pipefail
 out=${1:-runs/guess}
 n_sft=${N_SFT:-256}
