@@ -8,6 +8,7 @@ nanorl sft [--data rows.jsonl] [--key value ...]      # supervised fine-tuning (
 nanorl rm [--data prefs.jsonl] [--key value ...]      # Bradley-Terry reward model
 nanorl plot RUN_DIR [RUN_DIR ...] [--out curve.png]   # every curve of the runs, overlaid
 nanorl report RUN_DIR [--out report.html]             # one self-contained HTML page: evals, curves, samples
+nanorl vllm-serve [--model M] [--port 8000]           # a vLLM server for --use_vllm true --vllm_mode server
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(module).train(parse_args(cls, rest))
         elif command == "eval":
             eval_main(parse_args(EvalConfig, rest))
-        elif command in ("plot", "report"):  # integrations/plot.py, integrations/report.py
-            importlib.import_module(f"nanorl.integrations.{command}").main(rest)
+        elif command in ("plot", "report", "vllm-serve"):  # integrations/plot.py, report.py, vllm.py (the server)
+            importlib.import_module(f"nanorl.integrations.{command.removesuffix('-serve')}").main(rest)
         else:
-            raise ConfigError(f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval, plot or report)")
-    except (ConfigError, FileNotFoundError, RewardSetupError) as e:
+            raise ConfigError(
+                f"unknown command '{command}' (use train, ppo, dpo, sft, rm, eval, plot, report or vllm-serve)"
+            )
+    except (ConfigError, FileNotFoundError, RewardSetupError, ConnectionError) as e:
         print(f"nanorl: error: {e}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as e:  # SIGINT / SIGTERM: the checkpoint is written

@@ -140,9 +140,13 @@ class VllmConfig:
     """Rollouts on vLLM, TRL's names (integrations/vllm.py; pip install -e ".[vllm]")"""
 
     use_vllm: bool = _f(False, "sample rollouts and evaluations with a vLLM engine instead of nanorl's sampler")
-    vllm_mode: str = _f("colocate", "colocate: the engine in the trainer's process (server: not yet)")
+    vllm_mode: str = _f("colocate", "colocate: the engine in the trainer's process; server: `nanorl vllm-serve`'s")
     vllm_gpu_memory_utilization: float = _f(0.3, "the share of GPU memory the engine takes (on a CPU: of its memory)")
     vllm_max_model_length: int = _f(0, "the engine's context, prompt + completion tokens (0 = the model's)")
+    vllm_server_base_url: str = _f("", "server mode: the server's URL, e.g. http://host:8000 ('' = host and port)")
+    vllm_server_host: str = _f("0.0.0.0", "server mode: the server's host (on this machine: it reads the weights here)")
+    vllm_server_port: int = _f(8000, "server mode: the server's port")
+    vllm_server_timeout: float = _f(240.0, "server mode: seconds to wait for the server, at start and on a failure")
 
 
 @defaults(model="")
@@ -272,7 +276,7 @@ CHOICES = {
     "lr_schedule": ("constant", "cosine", "linear"),
     "backend": ("auto", "torch"),
     "strategy": ("ddp", "fsdp"),
-    "vllm_mode": ("colocate",),
+    "vllm_mode": ("colocate", "server"),
     "algo": tuple(PRESETS),
     "loss": ("sigmoid", "ipo", "hinge"),
     "dtype": ("auto", "float32", "bf16-mixed", "bfloat16", "float16"),
@@ -289,7 +293,7 @@ RULES = {
     **dict.fromkeys(
         "dynamic_sampling lora_r max_tool_calls max_episode_tokens vllm_max_model_length".split(), NOT_NEGATIVE
     ),
-    **dict.fromkeys("temperature lr critic_lr beta lora_alpha".split(), POSITIVE),
+    **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout".split(), POSITIVE),
     **dict.fromkeys("gamma gae_lambda".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),

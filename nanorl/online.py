@@ -104,9 +104,9 @@ def make_agent(cfg, task: Task, tools=None, environment_factory=None):
 def make_sampler(cfg, model, tok, stop_ids: list[int], backend: Backend = AUTO):
     """The run's sampler: a vLLM engine with --use_vllm (integrations/vllm.py, loaded only then), else nanorl's own."""
     if getattr(cfg, "use_vllm", False):
-        from nanorl.integrations.vllm import VllmSampler
+        from nanorl.integrations.vllm import make_vllm_sampler
 
-        return VllmSampler(cfg, model, tok, stop_ids)
+        return make_vllm_sampler(cfg, model, tok, stop_ids)
     return LocalSampler(model, stop_ids, tok.pad_token_id, backend)
 
 

@@ -21,14 +21,13 @@ task, rng = guess_task(eval_size=200, seed=0), random.Random(1)
 system = fallback_system_prompt(environment_tools(GuessNumber()))
 with open(sys.argv[1], "w") as f:
     for ex in task.train[: int(sys.argv[2])]:  # training rows only
-        env, low, high = GuessNumber(), 1, 32
+        env = GuessNumber()
         env.reset(**ex.fields)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": ex.prompt}]
         while not env.solved and env.guesses < 6:  # a random guess among the numbers still possible
-            number = rng.randint(low, high)
+            number = rng.randint(env.low, env.high)
             call = json.dumps({"name": "guess", "arguments": {"number": number}})
             answer = env.guess(number)
-            low, high = (number + 1, high) if answer == "higher" else (low, number - 1) if answer == "lower" else (low, high)
             messages += [{"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
                          {"role": "tool", "content": answer}]
         if env.solved:  # the transcripts that found it
@@ -38,6 +37,6 @@ PY
 wc -l "$out/sft.jsonl"
 nanorl sft --data "$out/sft.jsonl" --task '' --max-length 640 --epochs 1 --batch-size 16 --eval-every 100 \
   --out-dir "$out/sft"
-[ "${STEPS:-20}" = 0 ] && exit 0  # the warm-up only
-nanorl train --model "$out/sft/model" --task guess --steps ${STEPS:-20} --eval-every 10 --eval-size 50 \
-  --max-new-tokens 192 --out-dir "$out/grpo"  # step 0's evaluation: the warmed-up model before RL
+[ "${STEPS:-24}" = 0 ] && exit 0  # the warm-up only
+nanorl train --model "$out/sft/model" --task guess --steps ${STEPS:-24} --prompts-per-step 4 --samples-per-prompt 8 \
+  --lr 1e-5 --eval-every 12 --eval-size 50 --max-new-tokens 256 --out-dir "$out/grpo"  # step 0: the warm-up model

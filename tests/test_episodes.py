@@ -436,10 +436,12 @@ def test_the_guess_task_an_environment_played_by_bisection_is_rewarded_by_its_gu
 
     env = GuessNumber()
     env.reset(secret=11)
-    assert [env.guess(16), env.guess(8), env.guess(11)] == ["lower", "higher", "correct: 11 in 3 guesses"]
-    assert env.get_reward() == 0.5
+    answers = [env.guess(16), env.guess(8), env.guess(20), env.guess(11)]  # 20: outside what is still possible
+    assert answers == ["lower: from 1 to 15", "higher: from 9 to 15", "lower: from 9 to 15", "correct: 11 in 4 guesses"]
+    assert env.get_reward() == pytest.approx(2 / 6)
     with pytest.raises(ValueError):
-        env.guess(11)  # solved: no more guesses
+        env.guess(11)  # solved: no more guesses, and the call is charged
+    assert env.get_reward() == pytest.approx(1 / 6)
     task = get_task("guess", eval_size=4)
     assert task.environment is GuessNumber and all(1 <= e.fields["secret"] <= 32 for e in task.eval)
 

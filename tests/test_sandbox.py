@@ -46,7 +46,9 @@ def _attack(body: str) -> float:
     """Score a hostile 'solution' of f(x) = x * x; the body runs at import time. Returns the reward."""
     t0 = time.perf_counter()
     reward = score_programs([f"```python\n{body}\ndef f(x):\n    return x * x\n```"], [TESTS], limits=FAST)[0]
-    assert time.perf_counter() - t0 < FAST.wall_s + 5, "the sandbox overran its wall-clock limit"
+    # the limit holds: an unlimited attack would run until the test's own timeout. The slack is wide because on a
+    # loaded 2-core machine killing a fork bomb's descendants took 8.3 s of a 3 s limit (a CI run beside two jobs)
+    assert time.perf_counter() - t0 < FAST.wall_s + 30, "the sandbox overran its wall-clock limit"
     return reward
 
 
