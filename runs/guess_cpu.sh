@@ -8,6 +8,9 @@
 # results/guess_grpo_b3191dd): sampled reward 0.07-0.39 with no trend, held-out 34% -> 38% (step 6) -> 16% (step
 # 12), calls per episode up from 5.9 to 6.7: not learned at this lr and length (later turns re-read only what the
 # last turn added since b3191dd: 135 s a rollout of 32 episodes instead of 831 s, benchmarks/episodes.py).
+# Since 5ace5f3 the answers name the range still possible: the same warm-up then solves 14% greedy (50 held out),
+# and 8 GRPO steps at lr 1e-5 (results/guess_grpo_5ace5f3, stopped for time) left the sampled solve rate at 12-31%
+# with no clear trend; the sampled guesses stay next to the previous one. Next: N_SFT=1000 or more.
 set -euo pipefail
 out=${1:-runs/guess}
 n_sft=${N_SFT:-256}
