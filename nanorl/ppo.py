@@ -33,7 +33,6 @@ from nanorl.logger import make_logger
 from nanorl.losses import kl_penalty
 from nanorl.models import stop_token_ids, trainable
 from nanorl.reward_model import load_reward_model, token_values
-from nanorl.sampling import LocalSampler
 from nanorl.seeds import derive_seed
 from nanorl.update import learner_logprobs, merge_stats, policy_backward, update_metrics, value_backward
 
@@ -55,7 +54,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     cfg, device, backend, dtype, task, resuming, _ = online.prepare(cfg, task, ckpt, None, reward_funcs)  # seeds, task
     policy, tok, ref, rm = online.load_models(cfg, device, dtype, str(ckpt) if resuming else cfg.model)
     pad_id, group_size = tok.pad_token_id, cfg.samples_per_prompt
-    sampler = LocalSampler(policy, stop_token_ids(policy, tok), pad_id, backend)
+    sampler = online.make_sampler(cfg, policy, tok, stop_token_ids(policy, tok), backend)  # vLLM with --use_vllm
     online.check_context(cfg, policy, tok, task)
     critic_from = str(ckpt / "critic") if resuming else (cfg.critic_model or cfg.model)
     critic, _ = distributed.load(load_reward_model, critic_from, device, dtype, cfg)
@@ -170,8 +169,10 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
                 optimizer_step(critic, critic_opt, critic_sched, cfg.grad_clip)
             if cfg.target_kl and kl_sum / max(kl_tokens, 1) > cfg.target_kl:  # early stop (approximate KL)
                 break
-        sampler.sync_weights(policy)
+        timer["sync"] = time.perf_counter()
+        sampler.sync_weights(policy)  # an engine with its own copy of the weights loads the new ones (vLLM)
         t3 = time.perf_counter()
+        timer["sync"] = t3 - timer["sync"]
 
         # -------------------------------------------------------------- log / eval / checkpoint
         n_mb, vsums = epochs_run * (batch // mb_size), {k: distributed.reduce(v) for k, v in vsums.items()}

@@ -38,6 +38,13 @@ SAME = {
     "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False}),
     "mask_truncated_completions": ("overlong", {True: "filter", False: "none"}),
     "bf16": ("dtype", {True: "bf16-mixed", False: "float32"}),
+    # vLLM (integrations/vllm.py): TRL's mismatch correction is nanorl's is_mode / is_cap (losses.mismatch_weights)
+    "vllm_importance_sampling_correction": ("is_mode", {False: "none"}),
+    "vllm_importance_sampling_mode": ("is_mode", {m: m for m in ("token_truncate", "sequence_truncate")}),
+    "vllm_importance_sampling_clip_max": "is_cap",
+    "vllm_importance_sampling_cap": "is_cap",  # TRL's older name of clip_max
+    "vllm_enable_sleep_mode": ("use_vllm", {False: {}}),  # the value that means nothing to do
+    "vllm_tensor_parallel_size": ("use_vllm", {1: {}, "1": {}}),
 }
 # TRL names whose meaning differs here: what to write instead.
 DIFFERENT = {
@@ -55,8 +62,16 @@ DIFFERENT = {
     "(sequences per forward/backward) is the only memory knob",
     "generation_batch_size": "a step samples prompts_per_step x samples_per_prompt completions",
     "max_prompt_length": "prompts are never cut; a prompt that does not fit the context is refused before training",
-    "use_vllm": "vLLM rollouts are in `nanorl train` and `nanorl eval` so far (--use_vllm true), not in PPO",
+    "use_vllm": "vLLM samples the rollouts of `nanorl train` and `nanorl ppo`, and `nanorl eval`'s (--use_vllm true)",
     "use_peft": "LoRA is on when --lora-r > 0",
+    "vllm_importance_sampling_correction": "TRL corrects by default (sequence_mask at clip_max 3); nanorl only when "
+    "asked: --is-mode sequence_mask --is-cap 3 (nanorl's masks also drop ratios below 1 / is_cap, as verl's do)",
+    "vllm_importance_sampling_mode": "nanorl's token_mask / sequence_mask also drop ratios below 1 / is_cap (verl's "
+    "band), where TRL's drop only those above clip_max: write --is-mode with that in mind (losses.mismatch_weights)",
+    "vllm_enable_sleep_mode": "sleep mode (the engine's GPU memory freed during the update) is not in nanorl yet, and "
+    "vLLM has none on a CPU; use --vllm_gpu_memory_utilization to share the GPU",
+    "vllm_tensor_parallel_size": "a colocated engine is one per process (tensor parallel 1); a server shards the "
+    "model over GPUs: nanorl vllm-serve --tensor_parallel_size N",
     "reward_weights": "weights go in the reward spec: --reward 'math=1,answer_tag=0.2'",
     "sync_ref_model": "the reference model is the starting model and stays frozen",
     "logging_steps": "every step is logged",

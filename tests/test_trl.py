@@ -8,7 +8,7 @@ import re
 import pytest
 
 from nanorl.cli import main
-from nanorl.config import ConfigError, DPOConfig, GRPOConfig, SFTConfig, from_dict, parse_args
+from nanorl.config import ConfigError, DPOConfig, GRPOConfig, PPOConfig, SFTConfig, from_dict, parse_args
 from nanorl.tasks import Example, RewardSetupError, Task, get_task, parse_reward_spec
 
 datasets = pytest.importorskip("datasets")
@@ -156,6 +156,29 @@ def test_trl_names_are_aliases_and_near_misses_get_a_suggestion(tmp_path):
         parse_args(GRPOConfig, ["--gradient_accumulation_steps", "4"])
     with pytest.raises(ConfigError, match="loss_type.*--algo dapo. also turns on dynamic sampling"):
         from_dict(GRPOConfig, {"loss_type": "cispo"})
+
+
+def test_trl_vllm_names_mean_the_same_or_say_what_to_write():
+    """TRL's vLLM correction fields where nanorl's is_mode / is_cap mean the same (truncation; off); the settings
+    nanorl does not have (sleep mode, a tensor-parallel colocated engine) pass at their do-nothing value only."""
+    cfg = from_dict(
+        GRPOConfig, {"vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_clip_max": 3}
+    )
+    assert (cfg.is_mode, cfg.is_cap) == ("sequence_truncate", 3.0)
+    assert from_dict(PPOConfig, {"vllm_importance_sampling_cap": 4.0}).is_cap == 4.0  # TRL's older name
+    cfg = parse_args(
+        GRPOConfig, ["--vllm_importance_sampling_correction", "false", "--vllm_enable_sleep_mode", "false"]
+    )
+    assert cfg.is_mode == "none" and not cfg.use_vllm
+    assert parse_args(GRPOConfig, ["--vllm_tensor_parallel_size", "1"]) == GRPOConfig()
+    with pytest.raises(ConfigError, match="TRL corrects by default .sequence_mask at clip_max 3.*--is-mode"):
+        from_dict(GRPOConfig, {"vllm_importance_sampling_correction": True})
+    with pytest.raises(ConfigError, match="also drop ratios below 1 / is_cap"):
+        from_dict(GRPOConfig, {"vllm_importance_sampling_mode": "token_mask"})
+    with pytest.raises(ConfigError, match="sleep mode .* not in nanorl yet"):
+        parse_args(GRPOConfig, ["--vllm_enable_sleep_mode", "true"])
+    with pytest.raises(ConfigError, match="vllm-serve --tensor_parallel_size N"):
+        from_dict(GRPOConfig, {"vllm_tensor_parallel_size": 2})
 
 
 def _write(path, rows):

