@@ -292,6 +292,21 @@ def test_later_turns_of_an_episode_are_sampled_by_the_engine_with_the_learners_l
         torch.testing.assert_close(roll.logprobs[i][rest], learner[i][rest], atol=1e-4, rtol=0)
 
 
+def test_a_model_the_engine_does_not_support_is_one_line(tmp_path):
+    from nanorl.errors import ConfigError
+    from nanorl.integrations.vllm import VllmSampler
+
+    model, tok = tiny_model_and_tokenizer(hidden=128)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model.config._name_or_path = str(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    with pytest.raises(ConfigError, match=r"vLLM cannot start an engine on .*NoSuchForCausalLM.* not supported") as e:
+        VllmSampler(GRPOConfig(model=str(tmp_path)), model, tok, [tok.eos_token_id])
+    assert "\n" not in str(e.value) and len(str(e.value)) < 500
+
+
 def test_train_runs_on_a_server_and_a_dead_server_ends_the_run_in_one_line(engine, server, tmp_path):
     # last in the module: it kills the module's server
     port, proc, _ = server

@@ -113,19 +113,24 @@ class VllmSampler:
         device = next(model.parameters()).device
         folder = model_folder(str(model.config._name_or_path), model, tok)  # the base model's, with LoRA
         threads = torch.get_num_threads()  # vLLM sets torch's threads for its own use; the learner keeps its own
-        self.llm = LLM(
-            model=folder,
-            tokenizer=folder,
-            dtype=engine_dtype(cfg, model),
-            seed=getattr(cfg, "seed", 0),  # `nanorl eval` has none: its draws come from each request's seed
-            max_model_len=cfg.vllm_max_model_length or None,
-            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-            enforce_eager=device.type == "cpu",
-            enable_chunked_prefill=False if device.type == "cpu" else None,  # see CHUNKED
-        )
+        try:
+            self.llm = LLM(
+                model=folder,
+                tokenizer=folder,
+                dtype=engine_dtype(cfg, model),
+                seed=getattr(cfg, "seed", 0),  # `nanorl eval` has none: its draws come from each request's seed
+                max_model_len=cfg.vllm_max_model_length or None,
+                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",
+                enforce_eager=device.type == "cpu",
+                enable_chunked_prefill=False if device.type == "cpu" else None,  # see CHUNKED
+            )
+        except (ValueError, RuntimeError, NotImplementedError) as e:  # a model it does not support, too little memory
+            lines = [x.strip() for x in str(e).splitlines() if x.strip() and "For further information" not in x]
+            why = (lines or [type(e).__name__])[-1][:300]  # the reason, not pydantic's link or a list of every model
+            raise ConfigError(f"config key 'use_vllm': vLLM cannot start an engine on {folder}: {why}") from e
         torch.set_num_threads(threads)
         self.sync_weights(model)
 
