@@ -38,11 +38,7 @@ SAME = {
     "scale_rewards": ("scale_adv_by_std", {"group": True, "none": False, True: True, False: False}),
     "mask_truncated_completions": ("overlong", {True: "filter", False: "none"}),
     "bf16": ("dtype", {True: "bf16-mixed", False: "float32"}),
-    # vLLM (integrations/vllm.py): TRL's mismatch correction is nanorl's is_mode / is_cap (losses.mismatch_weights)
-    "vllm_importance_sampling_correction": ("is_mode", {False: "none"}),
-    "vllm_importance_sampling_mode": ("is_mode", {m: m for m in ("token_truncate", "sequence_truncate")}),
-    "vllm_importance_sampling_clip_max": "is_cap",
-    "vllm_importance_sampling_cap": "is_cap",  # TRL's older name of clip_max
+    # vLLM (integrations/vllm.py): TRL's vllm_importance_sampling_* are read together by `correction` below
     "vllm_enable_sleep_mode": ("use_vllm", {False: {}}),  # the value that means nothing to do
     "vllm_tensor_parallel_size": ("use_vllm", {1: {}, "1": {}}),
 }
@@ -64,10 +60,9 @@ DIFFERENT = {
     "max_prompt_length": "prompts are never cut; a prompt that does not fit the context is refused before training",
     "use_vllm": "vLLM samples the rollouts of `nanorl train` and `nanorl ppo`, and `nanorl eval`'s (--use_vllm true)",
     "use_peft": "LoRA is on when --lora-r > 0",
-    "vllm_importance_sampling_correction": "TRL corrects by default (sequence_mask at clip_max 3); nanorl only when "
-    "asked: --is-mode sequence_mask --is-cap 3 (nanorl's masks also drop ratios below 1 / is_cap, as verl's do)",
     "vllm_importance_sampling_mode": "nanorl's token_mask / sequence_mask also drop ratios below 1 / is_cap (verl's "
-    "band), where TRL's drop only those above clip_max: write --is-mode with that in mind (losses.mismatch_weights)",
+    "band), where TRL's (its default: sequence_mask) drop only those above clip_max: give a *_truncate mode, or "
+    "nanorl's --is-mode and --is-cap with that in mind (losses.mismatch_weights)",
     "vllm_enable_sleep_mode": "sleep mode (the engine's GPU memory freed during the update) is not in nanorl yet, and "
     "vLLM has none on a CPU; use --vllm_gpu_memory_utilization to share the GPU",
     "vllm_tensor_parallel_size": "a colocated engine is one per process (tensor parallel 1); a server shards the "
@@ -76,6 +71,26 @@ DIFFERENT = {
     "sync_ref_model": "the reference model is the starting model and stays frozen",
     "logging_steps": "every step is logged",
 }
+
+
+CORRECTION = ("correction", "mode", "clip_max", "cap")  # TRL's vllm_importance_sampling_<these>
+
+
+def correction(values: dict) -> dict:
+    """TRL's vllm_importance_sampling_* keys, read together as TRL reads them (correction on unless false; mode
+    sequence_mask and clip_max 3 unless given; `cap` is clip_max's older name) -> {is_mode, is_cap}: off, or a
+    truncate mode, which mean the same here; a mask mode stops with what to write instead."""
+    given = {
+        k: values[f"vllm_importance_sampling_{k}"] for k in CORRECTION if f"vllm_importance_sampling_{k}" in values
+    }
+    on = given.get("correction", True)
+    if (on.strip().lower() != "false") if isinstance(on, str) else on:
+        mode = str(given.get("mode", "sequence_mask"))
+        if not mode.endswith("truncate"):
+            key = "vllm_importance_sampling_mode"
+            raise ConfigError(f"config key '{key}' (a TRL name, {mode}): {DIFFERENT[key]}")
+        return {"is_mode": mode, "is_cap": float(given.get("clip_max", given.get("cap", 3.0)))}
+    return {"is_mode": "none"}
 
 
 def _mapped(cls, trl: str, value) -> dict | None:
@@ -109,7 +124,11 @@ def resolve_names(cls, values: dict, prog: str = "nanorl train") -> dict:
     """Keys of a config dict in nanorl's names: TRL aliases are renamed (an explicit nanorl key wins); a TRL name
     that means something else here, or an unknown key, raises ConfigError with what to write instead."""
     fields = set(getattr(cls, "__dataclass_fields__", {}))
+    values = {k.replace("-", "_"): v for k, v in values.items()}
     out, renamed = {}, {}
+    if "is_mode" in fields and any(f"vllm_importance_sampling_{k}" in values for k in CORRECTION):
+        renamed = correction(values)
+        values = {k: v for k, v in values.items() if k.removeprefix("vllm_importance_sampling_") not in CORRECTION}
     for key, value in values.items():
         name = key.replace("-", "_")
         if name in fields:

@@ -159,22 +159,24 @@ def test_trl_names_are_aliases_and_near_misses_get_a_suggestion(tmp_path):
 
 
 def test_trl_vllm_names_mean_the_same_or_say_what_to_write():
-    """TRL's vLLM correction fields where nanorl's is_mode / is_cap mean the same (truncation; off); the settings
-    nanorl does not have (sleep mode, a tensor-parallel colocated engine) pass at their do-nothing value only."""
+    """TRL's vLLM correction fields, read together as TRL reads them, where nanorl's is_mode / is_cap mean the same
+    (off; truncation, clip_max 3 unless given); the settings nanorl does not have (sleep mode, a tensor-parallel
+    colocated engine) pass at their do-nothing value only."""
+    off = {"vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "token_truncate"}
+    for values in (off, dict(reversed(off.items()))):  # off wins, in either order
+        assert from_dict(GRPOConfig, values).is_mode == "none"
+    cfg = from_dict(GRPOConfig, {**off, "vllm_importance_sampling_correction": True})
+    assert (cfg.is_mode, cfg.is_cap) == ("token_truncate", 3.0)  # TRL's clip_max default
     cfg = from_dict(
-        GRPOConfig, {"vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_clip_max": 3}
+        GRPOConfig, {"vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_cap": 4}
     )
-    assert (cfg.is_mode, cfg.is_cap) == ("sequence_truncate", 3.0)
-    assert from_dict(PPOConfig, {"vllm_importance_sampling_cap": 4.0}).is_cap == 4.0  # TRL's older name
-    cfg = parse_args(
-        GRPOConfig, ["--vllm_importance_sampling_correction", "false", "--vllm_enable_sleep_mode", "false"]
-    )
+    assert (cfg.is_mode, cfg.is_cap) == ("sequence_truncate", 4.0)  # cap: TRL's older name of clip_max
+    cfg = parse_args(PPOConfig, ["--vllm_importance_sampling_correction", "false", "--vllm_enable_sleep_mode", "false"])
     assert cfg.is_mode == "none" and not cfg.use_vllm
     assert parse_args(GRPOConfig, ["--vllm_tensor_parallel_size", "1"]) == GRPOConfig()
-    with pytest.raises(ConfigError, match="TRL corrects by default .sequence_mask at clip_max 3.*--is-mode"):
-        from_dict(GRPOConfig, {"vllm_importance_sampling_correction": True})
-    with pytest.raises(ConfigError, match="also drop ratios below 1 / is_cap"):
-        from_dict(GRPOConfig, {"vllm_importance_sampling_mode": "token_mask"})
+    for values in ({"vllm_importance_sampling_correction": True}, {"vllm_importance_sampling_clip_max": 2.0}):
+        with pytest.raises(ConfigError, match=r"sequence_mask\): nanorl's token_mask / sequence_mask also drop"):
+            from_dict(GRPOConfig, values)  # TRL's default mode, a mask: its band differs here
     with pytest.raises(ConfigError, match="sleep mode .* not in nanorl yet"):
         parse_args(GRPOConfig, ["--vllm_enable_sleep_mode", "true"])
     with pytest.raises(ConfigError, match="vllm-serve --tensor_parallel_size N"):

@@ -43,12 +43,16 @@ def engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(engine, tmp_path_factory):
-    """`nanorl vllm-serve` on the engine's model folder, in a process of its own, on a free port."""
+    """`nanorl vllm-serve` on the engine's model folder, for the module's tests."""
+    yield from start_server(engine[0].config._name_or_path, tmp_path_factory.mktemp("server") / "log.txt")
+
+
+def start_server(folder: str, log):
+    """`nanorl vllm-serve` on a model folder, in a process of its own, on a free port: yields (port, process, log)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("server") / "log.txt"
-    args = ["vllm-serve", "--model", engine[0].config._name_or_path, "--host", "127.0.0.1", "--port", str(port)]
+    args = ["vllm-serve", "--model", folder, "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "w") as f:
         proc = subprocess.Popen(  # a session of its own: killing its group takes the engine's process along
             [sys.executable, "-m", "nanorl.cli", *args], stdout=f, stderr=subprocess.STDOUT, start_new_session=True
@@ -104,8 +108,9 @@ def test_the_engine_samples_with_the_learners_log_probs_and_a_seed_is_a_seed(eng
     assert greedy.completion_ids == local.completion_ids  # greedy: the same tokens as nanorl's own sampler
 
 
-def check_weight_sync(model, sampler, prompt: list[int]) -> None:
-    """Perturb every weight, sync: the sampler's greedy tokens change and carry the new model's log-probs; restore."""
+def check_weight_sync(model, sampler, prompt: list[int], perturbed=lambda: None) -> None:
+    """Perturb every trained weight, sync: the sampler's greedy tokens change and carry the new model's log-probs
+    (then `perturbed()` checks more); restore."""
     before = sampler.generate([prompt], 1, SamplingParams(8, temperature=0), 0).completion_ids
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     try:
@@ -119,6 +124,7 @@ def check_weight_sync(model, sampler, prompt: list[int]) -> None:
         torch.testing.assert_close(
             roll.logprobs[0], learner_logps(model, prompt, roll.completion_ids[0], 1.0), atol=1e-4, rtol=0
         )
+        perturbed()
     finally:
         model.load_state_dict(saved)
         sampler.sync_weights(model)
@@ -177,7 +183,7 @@ def test_a_server_samples_what_the_colocated_engine_samples_and_takes_the_new_we
 
 def test_lora_adapters_reach_both_engines_merged(engine, server):
     """With LoRA the engines get W + scale * B @ A (integrations/vllm.py engine_weights): after the adapters change,
-    what they sample carries the adapted model's log-probs; the learner's own base weights stay untouched."""
+    what they sample carries the adapted model's log-probs, and the learner's own base weights are untouched."""
     import copy
 
     from nanorl.integrations.vllm import VllmServerSampler
@@ -186,15 +192,20 @@ def test_lora_adapters_reach_both_engines_merged(engine, server):
     model, tok, colocated = engine
     lora = trainable(copy.deepcopy(model), GRPOConfig(lora_r=4, lora_alpha=8))
     base = {k: v.clone() for k, v in lora.get_base_model().state_dict().items() if "lora_" not in k}
+
+    def base_untouched():  # while the engines hold the perturbed adapters merged in
+        after = lora.get_base_model().state_dict()
+        assert all(torch.equal(after[k], v) for k, v in base.items())
+
     served = VllmServerSampler(server_config(engine, server[0]), lora, tok, [tok.eos_token_id])
     prompt = tok("3+4=", add_special_tokens=False)["input_ids"]
-    for sampler in (colocated, served):
-        sampler.sync_weights(lora)
-        check_weight_sync(lora, sampler, prompt)  # perturbs the adapters only: the engine follows them
-    after = {k: v for k, v in lora.get_base_model().state_dict().items() if "lora_" not in k}
-    assert all(torch.equal(after[k], v) for k, v in base.items())
-    colocated.sync_weights(model)  # the module's other tests expect the plain model
-    served.sync_weights(model)
+    try:
+        for sampler in (colocated, served):
+            sampler.sync_weights(lora)
+            check_weight_sync(lora, sampler, prompt, base_untouched)  # perturbs the adapters: the engines follow
+    finally:
+        colocated.sync_weights(model)  # the module's other tests expect the plain model
+        served.sync_weights(model)
 
 
 REWARD = """
@@ -308,7 +319,6 @@ def test_a_model_the_engine_does_not_support_is_one_line(tmp_path):
 
 
 def test_train_runs_on_a_server_and_a_dead_server_ends_the_run_in_one_line(engine, server, tmp_path):
-    # last in the module: it kills the module's server
     port, proc, _ = server
     out = tmp_path / "run"
     args = ["--model", engine[0].config._name_or_path, "--use_vllm", "true", "--vllm_mode", "server"]
@@ -327,9 +337,11 @@ def test_train_runs_on_a_server_and_a_dead_server_ends_the_run_in_one_line(engin
     from nanorl.integrations.vllm import VllmServerSampler
 
     model, tok, _ = engine
-    sampler = VllmServerSampler(server_config(engine, port, vllm_server_timeout=4), model, tok, [tok.eos_token_id])
-    kill_group(proc, signal.SIGKILL)  # the server dies, and its engine with it
-    proc.wait(60)
+    own = start_server(engine[0].config._name_or_path, tmp_path / "own_server.txt")  # one this test may kill
+    own_port, own_proc, _ = next(own)
+    sampler = VllmServerSampler(server_config(engine, own_port, vllm_server_timeout=4), model, tok, [tok.eos_token_id])
+    kill_group(own_proc, signal.SIGKILL)  # the server dies, and its engine with it
+    own_proc.wait(60)
     with pytest.raises(ConnectionError, match="stopped answering.*--resume true"):
         sampler.generate([[1, 2, 3]], 2, SamplingParams(4), 0)
     done = subprocess.run(  # no server: one line, after vllm_server_timeout seconds
@@ -338,7 +350,7 @@ def test_train_runs_on_a_server_and_a_dead_server_ends_the_run_in_one_line(engin
             "-m",
             "nanorl.cli",
             "train",
-            *args,
+            *[str(own_port) if a == str(port) else a for a in args],  # the dead server's port
             "--vllm_server_timeout",
             "3",
             "--out-dir",

