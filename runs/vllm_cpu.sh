@@ -7,6 +7,9 @@
 #   PATH=$PWD/.vllm-venv/bin:$PATH SEEDS="0 1 2" bash runs/vllm_cpu.sh runs/vllm
 #
 # MODES="colocate server" skips the local runs; the KV cache is 2 GiB per engine (VLLM_CPU_KVCACHE_SPACE).
+# Results (docs/scaling.md): seed 0 on an AMD EPYC, three modes (results/vllm_default_s0): 75.5% / 76.0% / 76.0%,
+# colocated and server identical step for step; seeds 0-2 on an Intel Xeon, local and colocated
+# (results/vllm_default_intel_206e3e8): 78.5 / 66.0 / 74.0% and 76.0 / 75.5 / 71.5%.
 set -euo pipefail
 out=${1:-runs/vllm}
 port=${PORT:-8011}
