@@ -277,9 +277,9 @@ def lora_layers(base) -> list:
 
 def check_lora(model) -> None:
     """What engine_weights merges: adapters on linear layers. Anything else stops here in one line."""
-    config = model.peft_config[model.active_adapter]
-    embedding = [n for n, layer in lora_layers(model.get_base_model()) if getattr(layer, "lora_embedding_A", None)]
-    head = [n for n, _ in lora_layers(model.get_base_model()) if n.split(".")[-1] == "lm_head"]
+    config, layers = model.peft_config[model.active_adapter], lora_layers(model.get_base_model())
+    embedding = [n for n, layer in layers if getattr(layer, "lora_embedding_A", None)]
+    head = [n for n, _ in layers if n.split(".")[-1] == "lm_head"]
     if embedding or head or getattr(config, "use_dora", False) or getattr(config, "modules_to_save", None):
         what = "DoRA" if getattr(config, "use_dora", False) else ", ".join(embedding + head) or "modules_to_save"
         raise ConfigError(
