@@ -7,7 +7,9 @@ folder's safety: one run per folder, and a stop on SIGINT / SIGTERM that writes 
     lock(out_dir)                 a second run on the folder is refused while this process lives
     for step in stoppable(range(...), save): ...   # a signal ends the step, saves, raises Interrupted
     resuming = check_resume(cfg, out_dir / "checkpoint")  # --resume checked; a new run drops an old checkpoint
-Writes go to a temporary folder that is renamed into place, so an interrupt never leaves a broken one.
+Writes go to a temporary folder, renamed whole to checkpoint.new, then swapped in (checkpoint -> checkpoint.old,
+.new -> checkpoint): a process stopped at any instant, kill -9 included, leaves a whole checkpoint that --resume
+finds (recover).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def save(path: Path, model, tok, opt=None, sched=None, step=0, extra=None, model
     writes; under FSDP every rank first gathers the full weights (onto the main process) and writes its shards of
     the optimizer states."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp, new, old = (path.with_name(path.name + end) for end in (".tmp", ".new", ".old"))
     if distributed.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
     weights = {name: distributed.full_state_dict(m) for name, m in {".": model, **(models or {})}.items()}
@@ -49,22 +51,36 @@ def save(path: Path, model, tok, opt=None, sched=None, step=0, extra=None, model
     except (OSError, RuntimeError) as e:  # a full disk surfaces as torch's "file write failed": say so
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(path.parent).free / 2**30
-        full = ": no space left" if free < 1 else ""
-        raise OSError(
-            f"writing the checkpoint {path} failed ({free:.2f} GiB free on its disk{full}); the previous "
-            f"checkpoint is intact: {e}"
-        ) from e
-    old = path.with_name(path.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
+        why = f"{free:.2f} GiB free on its disk" + (": no space left" if free < 1 else "")
+        raise OSError(f"writing the checkpoint {path} failed ({why}); the previous checkpoint is intact: {e}") from e
+    shutil.rmtree(new, ignore_errors=True)
+    tmp.rename(new)  # whole: a save stopped from here on (kill -9) is finished by recover() on resume
+    swap(new, path, old)
     if keep_last > 1 and (old / "step").is_file():
         old.rename(path.with_name(f"{path.name}-step{(old / 'step').read_text()}"))
         older = sorted(path.parent.glob(f"{path.name}-step*"), key=lambda d: int(d.name.split("-step")[1]))
         for stale in older[: -(keep_last - 1)]:
             shutil.rmtree(stale)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def swap(new: Path, path: Path, old: Path) -> None:
+    """The checkpoint `new` takes the place of `path`, which becomes `old` (two renames)."""
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    new.rename(path)
+
+
+def recover(path: Path) -> None:
+    """Finish a save that was stopped between its renames (kill -9, power loss): the newest whole checkpoint becomes
+    `path`, the new one (.new) if it was written, else the previous one (.old). Every process waits for it."""
+    new, old = path.with_name(path.name + ".new"), path.with_name(path.name + ".old")
+    if distributed.is_main() and new.is_dir():
+        swap(new, path, old)
+    elif distributed.is_main() and old.is_dir() and not path.exists():
+        old.rename(path)
+    distributed.reduce(0)
 
 
 def _write(tmp: Path, model, tok, optim, sched, step: int, extra: dict | None, models: dict | None, weights) -> None:
@@ -146,6 +162,7 @@ def check_resume(cfg, ckpt: Path) -> bool:
     into a folder that holds an old checkpoint removes it, so that no later resume picks it up."""
     saved = ckpt.parent / "config.json"
     if cfg.resume:
+        recover(ckpt)
         if not (ckpt / "trainer_state.pt").is_file():  # a resumable checkpoint: one with trainer state
             raise ConfigError(
                 f"config key 'resume': no checkpoint to resume from in {ckpt} (write one with "
@@ -165,9 +182,8 @@ def check_resume(cfg, ckpt: Path) -> bool:
             )
         return True
     if distributed.is_main():
-        for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*")):
-            if old.is_dir():
-                shutil.rmtree(old)  # a new run: an old checkpoint in this folder is no longer this run's
+        for old in (ckpt, *ckpt.parent.glob(ckpt.name + "-step*"), *ckpt.parent.glob(ckpt.name + ".*")):
+            shutil.rmtree(old, ignore_errors=True)  # a new run: an old checkpoint here (or a save's part) is not its
     return False
 
 
@@ -175,12 +191,8 @@ def first_eval(resuming: bool, out: Path, evaluate_at, start: int, total: int) -
     """The "before" numbers, the first evaluation of the run, and the latest ones: on resume both read back from
     eval.jsonl, else evaluate_at(start) now. A resumed run with no step left (stopped in its last step, or given
     fewer steps) whose latest evaluation is older than its weights evaluates them now: that is its "after"."""
-    prior = (
-        [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
-        if resuming and distributed.is_main()
-        else []
-    )
-    prior = distributed.gather_objects([prior])[0]  # the main process's reading (it rewinds the file) on every rank
+    lines = (out / "eval.jsonl").read_text().splitlines() if resuming and distributed.is_main() else []
+    prior = distributed.gather_objects([[json.loads(x) for x in lines]])[0]  # the main process's reading, every rank
     first, last = (prior[0], prior[-1]) if prior else [evaluate_at(start)] * 2
     last = evaluate_at(start) if prior and start >= total and last.get("step", start) < start else last
     return tuple({k: v for k, v in e.items() if k != "step"} for e in (first, last))

@@ -403,10 +403,7 @@ def validate(cfg) -> None:
         if cfg.max_episode_tokens and cfg.max_episode_tokens < cfg.max_new_tokens:
             raise ConfigError("config key 'max_episode_tokens': 0 (no cap of its own) or at least max_new_tokens")
         if not 0 <= cfg.overlong_buffer <= cfg.max_new_tokens:
-            raise ConfigError(
-                f"config key 'overlong_buffer': must be in [0, max_new_tokens={cfg.max_new_tokens}], "
-                f"got {cfg.overlong_buffer}"
-            )
+            raise ConfigError(f"config key 'overlong_buffer': {cfg.overlong_buffer} is not in [0, max_new_tokens]")
 
 
 def preset(algo: str, **overrides) -> GRPOConfig:

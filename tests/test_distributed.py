@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from same_run import assert_same_run, metrics
 
 import nanorl
 
@@ -146,30 +147,6 @@ def run(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = False
     return out
 
 
-def metrics(folder) -> list[dict]:
-    return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (folder / "metrics.jsonl").read_text().splitlines()
-    ]
-
-
-def assert_same_run(tmp_path, models: list[str], atol: float, steps: int = 3) -> None:
-    """Runs one/ and two/ of tmp_path: the same final weights and the same metrics, one line per step."""
-    for model in models:
-        one, two = (load_file(tmp_path / run / model / "model.safetensors") for run in ("one", "two"))
-        assert one.keys() == two.keys(), model
-        for k in one:
-            torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=atol, msg=f"{model}: {k}")
-    m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert [m["step"] for m in m2] == list(range(1, steps + 1))  # one line per step: only the main process writes
-    assert m1[0]["optim/grad_norm"] > 0  # it trained
-    for a, b in zip(m1, m2):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), k
-
-
-@pytest.mark.parametrize("case", list(CASES))
 def test_two_processes_train_as_one(tmp_path, case):
     run(tmp_path, "one", CASES[case], 1)
     run(tmp_path, "two", CASES[case], 2)

@@ -108,6 +108,26 @@ def test_the_model_token_budget_cuts_the_episode():
     assert [roll.model_tokens(i) for i in range(2)] == [100, 100] and all(roll.truncated)  # the second reply cut
 
 
+def test_an_episode_ends_before_it_outgrows_the_samplers_context():
+    def script(prompt, turn):
+        return call("multiply", a=123456789, b=987654321)  # calls on and on: only the context ends it
+
+    tok, cfg, agent, sampler = setup(script, {"max_tool_calls": 50}, max_new_tokens=1000)
+    sampler.context = 900  # the engine's max_model_len (a local sampler: its model's max_position_embeddings)
+    roll, _ = online.rollout(
+        sampler, tok, [Example("Go.", {})], cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent
+    )
+    for i in range(2):
+        assert len(roll.prompt_ids[i]) + len(roll.completion_ids[i]) <= 900
+        assert 1 <= agent.rounds[i] < 50 and agent.done[i]
+    sampler.context = 0  # unknown: the model's context is read from its config
+    sampler.model = type("M", (), {"config": type("C", (), {"max_position_embeddings": 1200})()})()
+    roll, _ = online.rollout(
+        sampler, tok, [Example("Go.", {})], cfg, 0, {"rollout": 0, "reward": 0, "tokens": 0}, agent
+    )
+    assert agent.context == 1200 and all(len(p) + len(c) <= 1200 for p, c in zip(roll.prompt_ids, roll.completion_ids))
+
+
 class Guess:
     """A guessing game in the shape of TRL's documented environments: reset opens it, `guess` is its tool,
     get_reward scores it."""

@@ -238,3 +238,47 @@ def test_a_resume_with_no_step_left_evaluates_weights_newer_than_its_last_evalua
     evals = lines(out / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 3, 4]  # the step-5 line rewound, step 4 evaluated (before: 0, 3)
     assert result["after"] == {k: v for k, v in evals[-1].items() if k != "step"}
+
+
+KILLED_AFTER_RENAME = """
+import os, pathlib, sys
+from nanorl.cli import main
+
+rename, count = pathlib.Path.rename, [0]
+
+def rename_then_die(self, target):  # the save at step 1 renames twice (no checkpoint before it), step 2's 3 times
+    out = rename(self, target)
+    count[0] += self.name.startswith("checkpoint")
+    if count[0] == 2 + int(sys.argv[1]):
+        os._exit(137)  # as kill -9 right after it: no signal handler, no cleanup
+    return out
+
+pathlib.Path.rename = rename_then_die
+main(sys.argv[2:])
+"""
+
+
+def timeless(path) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in lines(path)]
+
+
+@pytest.mark.parametrize("command", ["train", "ppo"])
+def test_a_save_killed_after_any_of_its_renames_resumes_to_the_uninterrupted_run(tmp_path, command):
+    """A checkpoint is swapped in by renames (checkpoint.tmp -> .new, checkpoint -> .old, .new -> checkpoint). A
+    process killed after any one of them leaves the newest whole checkpoint for --resume to find, and the resumed
+    run ends where the uninterrupted one ends: the same metrics at every step and the same weights."""
+    from safetensors.torch import load_file
+
+    args = [command, *TINY, "--lr-schedule", "constant", "--save-every", "1", "--eval-every", "100"]
+    args += ["--minibatch-size", "4"] if command == "ppo" else []  # PPO: its critic is saved in the same swap
+    main([*args, "--out-dir", str(tmp_path / "straight"), "--steps", "3"])
+    weights = load_file(tmp_path / "straight" / "model" / "model.safetensors")
+    for k in (1, 2, 3):  # the save at step 2, killed after its k-th rename
+        run = [*args, "--out-dir", str(tmp_path / f"killed{k}"), "--steps", "3"]
+        done = subprocess.run([sys.executable, "-c", KILLED_AFTER_RENAME, str(k), *run], capture_output=True, text=True)
+        assert done.returncode == 137, done.stderr[-2000:]
+        assert (tmp_path / f"killed{k}" / "checkpoint").is_dir() == (k != 2)  # none between the two swap renames
+        main([*run, "--resume", "true"])
+        assert timeless(tmp_path / f"killed{k}" / "metrics.jsonl") == timeless(tmp_path / "straight" / "metrics.jsonl")
+        resumed = load_file(tmp_path / f"killed{k}" / "model" / "model.safetensors")
+        assert all(torch.equal(resumed[n], weights[n]) for n in weights), k

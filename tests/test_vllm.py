@@ -172,6 +172,7 @@ def test_a_server_samples_what_the_colocated_engine_samples_and_takes_the_new_we
     same = colocated.generate(prompts, 3, SamplingParams(10, temperature=0.7), seed=5)
     assert roll.completion_ids == same.completion_ids and roll.truncated == same.truncated  # one seed, one draw
     assert roll.prompt_ids == same.prompt_ids and roll.group_size == 3
+    assert sampler.context == colocated.context == 2048  # the engine's max_model_len, where episodes must end
     long = [[(i * 7 + j) % 90 + 5 for j in range(300)] for i in range(64)]  # 19,200 prompt tokens: past the budget
     for each in (sampler, colocated):  # of a step, which once killed the engine (vllm.py, CHUNKED)
         assert len(each.generate(long, 1, SamplingParams(4, temperature=1.0), seed=1).completion_ids) == 64
@@ -218,7 +219,7 @@ def test_torchrun_ranks_sample_their_shares_on_engines_and_on_one_server(engine,
     """Two processes with an engine each, and two processes sharing one server (rank 0 sends the weights), under ddp
     and fsdp, train as one process with its engine: the same metrics and final weights (test_distributed.py's check;
     Adam's first steps divide by each gradient's own size, so sums in another order move weights by up to 3e-6)."""
-    from safetensors.torch import load_file
+    from same_run import assert_same_run
 
     (tmp_path / "r.py").write_text(REWARD)
     folder = engine[0].config._name_or_path
@@ -238,23 +239,7 @@ def test_torchrun_ranks_sample_their_shares_on_engines_and_on_one_server(engine,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         assert done.returncode == 0, done.stderr[-3000:]
-    rows = {
-        name: [
-            {k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "perf/"))}
-            for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-        ]
-        for name in runs
-    }
-    assert len(rows["one"]) == 2 and rows["one"][0]["optim/grad_norm"] > 0
-    one = load_file(tmp_path / "one" / "model" / "model.safetensors")
-    for name in runs.keys() - {"one"}:
-        for a, b in zip(rows["one"], rows[name]):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), (name, k)
-        other = load_file(tmp_path / name / "model" / "model.safetensors")
-        for k in one:
-            torch.testing.assert_close(other[k], one[k], rtol=1e-5, atol=1e-5, msg=f"{name}: {k}")  # 3e-6 seen
+    assert_same_run(tmp_path, ["model"], 1e-5, steps=2, others=runs.keys() - {"one"}, metrics_atol=1e-6)  # 3e-6 seen
 
 
 def multiply(a: int, b: int) -> int:
@@ -269,7 +254,8 @@ def multiply(a: int, b: int) -> int:
 
 def test_later_turns_of_an_episode_are_sampled_by_the_engine_with_the_learners_log_probs(engine):
     """The episode loop on the engine: the first reply a scripted tool call (a random model writes none), the next
-    sampled by vLLM from the whole episode so far (the tool's result appended), with the learner's log-probs."""
+    sampled by vLLM from the whole episode so far (the tool's result appended), with the learner's log-probs; an
+    episode whose tool result would outgrow the engine's context ends there instead of failing the engine's check."""
     from nanorl import online
     from nanorl.agents.episodes import Agent
     from nanorl.sampling import Rollouts
@@ -277,23 +263,28 @@ def test_later_turns_of_an_episode_are_sampled_by_the_engine_with_the_learners_l
     from nanorl.update import learner_logprobs
 
     model, tok, sampler = engine
+
+    def first_scripted(reply: str):
+        class FirstScripted:  # turn 1: the tool call for every episode; later turns: the engine
+            turn, context = 0, sampler.context  # the engine's max_model_len: 2,048 here
+
+            def generate(self, prompts, group_size, params, seed):
+                self.turn += 1
+                if self.turn > 1:
+                    return sampler.generate(prompts, group_size, params, seed)
+                ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                rows = [list(p) for p in prompts for _ in range(group_size)]
+                lps, cut = [torch.full((len(ids),), -1.0)] * len(rows), [False] * len(rows)
+                return Rollouts(rows, [ids] * len(rows), lps, cut, group_size)
+
+        return FirstScripted()
+
     reply = "<tool_call>" + json.dumps({"name": "multiply", "arguments": {"a": 3, "b": 4}}) + "</tool_call>"
-
-    class FirstScripted:  # turn 1: the tool call for every episode; later turns: the engine
-        turn = 0
-
-        def generate(self, prompts, group_size, params, seed):
-            self.turn += 1
-            if self.turn > 1:
-                return sampler.generate(prompts, group_size, params, seed)
-            ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            rows = [list(p) for p in prompts for _ in range(group_size)]
-            lps, cut = [torch.full((len(ids),), -1.0)] * len(rows), [False] * len(rows)
-            return Rollouts(rows, [ids] * len(rows), lps, cut, group_size)
-
     cfg = GRPOConfig(model="tiny", prompts_per_step=1, samples_per_prompt=2, max_new_tokens=120)
-    agent = Agent(tools=[multiply], max_new_tokens=120)
-    roll, _ = online.rollout(FirstScripted(), tok, [Example("3*4?", {})], cfg, 7, {"rollout": 0, "tokens": 0}, agent)
+    agent = Agent(tools=[multiply, spell], max_new_tokens=120)
+    scripted = first_scripted(reply)
+    roll, _ = online.rollout(scripted, tok, [Example("3*4?", {})], cfg, 7, {"rollout": 0, "tokens": 0}, agent)
+    assert scripted.turn == 2 and sampler.context == 2048
     learner = learner_logprobs(model, roll, cfg, tok.pad_token_id, "cpu")
     start = len(tok(reply, add_special_tokens=False)["input_ids"]) + 1  # the first reply and its stop token
     for i in range(2):
@@ -301,6 +292,20 @@ def test_later_turns_of_an_episode_are_sampled_by_the_engine_with_the_learners_l
         rest = slice(start + tool, len(roll.completion_ids[i]))
         assert tool > 0 and rest.stop > rest.start
         torch.testing.assert_close(roll.logprobs[i][rest], learner[i][rest], atol=1e-4, rtol=0)
+
+    reply = "<tool_call>" + json.dumps({"name": "spell", "arguments": {"n": 1600}}) + "</tool_call>"
+    scripted = first_scripted(reply)  # its result (1,600 tokens) leaves no room in 2,048 for it and a reply
+    roll, _ = online.rollout(scripted, tok, [Example("spell", {})], cfg, 7, {"rollout": 0, "tokens": 0}, agent)
+    assert scripted.turn == 1 and agent.done == [True, True] and agent.rounds == [1, 1]  # the call ran, no reply
+
+
+def spell(n: int) -> str:
+    """Write n letters.
+
+    Args:
+        n: how many
+    """
+    return "x" * n
 
 
 def test_a_model_the_engine_does_not_support_is_one_line(tmp_path):

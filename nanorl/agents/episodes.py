@@ -10,7 +10,8 @@ and what the episode ends with.
     answers = agent.answers(tok, roll)                # each episode's last reply, for the reward
 
 An episode ends when a reply calls no tool, after max_tool_calls rounds of calls, when its model tokens reach
-max_new_tokens, or when model and tool tokens together reach max_episode_tokens (0: no cap of its own).
+max_new_tokens, when model and tool tokens together reach max_episode_tokens (0: no cap of its own), or when the
+next tool results and reply would not fit the sampler's context (the model's, or the engine's max_model_len).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Agent:
             max_new_tokens,
             max_episode_tokens,
         )
-        self.timeout_s = timeout_s
+        self.timeout_s, self.context = timeout_s, 0  # context: play() reads the sampler's
         if not self.tools and environment_factory is None:
             raise ValueError("an agent needs tools or an environment_factory")
         tools_by_name(self.tools)  # two tools with one name: an error now, before any model loads
@@ -133,7 +134,7 @@ class Agent:
         """The turns after the first reply: while some episodes called tools, run the calls (act) and sample every
         live episode's next reply in one batch, each within its token budget. `first_row`: this process's first
         row in the global batch (each episode's draws come from its row and the turn)."""
-        turn = 0
+        turn, self.context = 0, context_of(sampler)
         while live := self.act(tok, roll):
             turn += 1
             turn_params = dataclasses.replace(params, max_new_tokens=max(self.budget(roll, i) for i in live))
@@ -174,7 +175,9 @@ class Agent:
                 self.rounds[i] + 1,
             )
             suffix = self.suffix(tok, results, self.row_tools(i), tok.decode(ids[-1:]))
-            if self.max_episode_tokens and len(ids) + len(suffix) >= self.max_episode_tokens:
+            if (self.max_episode_tokens and len(ids) + len(suffix) >= self.max_episode_tokens) or (
+                self.context and len(roll.prompt_ids[i]) + len(ids) + len(suffix) >= self.context
+            ):
                 self.done[i] = True  # no room for the results and a reply: the episode ends here
                 continue
             self.messages[i] += results
@@ -201,6 +204,8 @@ class Agent:
         left = self.max_new_tokens - roll.model_tokens(i)
         if self.max_episode_tokens:
             left = min(left, self.max_episode_tokens - len(roll.completion_ids[i]))
+        if self.context:  # the whole episode, prompt included, within the sampler's context
+            left = min(left, self.context - len(roll.prompt_ids[i]) - len(roll.completion_ids[i]))
         return max(left, 0)
 
     def extend(self, roll, live: list[int], more) -> None:
@@ -301,6 +306,14 @@ def make_agent(cfg, task, tools=None, environment_factory=None):
         factories = environment_factory if isinstance(environment_factory, dict) else {"": environment_factory}
         named["environment"] = ",".join(f"python:{getattr(f, '__name__', 'environment')}" for f in factories.values())
     return Agent(tools, env, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens), named
+
+
+def context_of(sampler) -> int:
+    """The longest sequence (prompt + reply) the sampler's model takes: a vLLM sampler's max_model_len, the local
+    model's max_position_embeddings, or 0 when unknown."""
+    if getattr(sampler, "context", 0):
+        return sampler.context
+    return getattr(getattr(getattr(sampler, "model", None), "config", None), "max_position_embeddings", 0) or 0
 
 
 def _await(coroutine):

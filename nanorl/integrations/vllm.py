@@ -134,6 +134,7 @@ class VllmSampler:
             why = (lines or [type(e).__name__])[-1][:300]  # the reason, not pydantic's link or a list of every model
             raise ConfigError(f"config key 'use_vllm': vLLM cannot start an engine on {folder}: {why}") from e
         torch.set_num_threads(threads)
+        self.context = self.llm.llm_engine.model_config.max_model_len  # episodes end before they outgrow it
         self.sync_weights(model)
 
     def generate(
@@ -178,7 +179,8 @@ class VllmServerSampler:
                         "start one with `nanorl vllm-serve --model MODEL`"
                     ) from None
                 time.sleep(2)
-        self.model_id = self.call("GET", "/v1/models")["data"][0]["id"]
+        served = self.call("GET", "/v1/models")["data"][0]
+        self.model_id, self.context = served["id"], served.get("max_model_len", 0)  # context: episodes end before it
         # the dev routes (/server_info, /collective_rpc, /reset_prefix_cache) need VLLM_SERVER_DEV_MODE=1 (vllm-serve)
         info = self.call("GET", "/server_info?config_format=json")
         if "processed_logprobs" not in json.dumps(info):
