@@ -29,11 +29,11 @@ def test_expected_values_never_enter_the_sandbox():
             {"assert": "g(1) == f(1), 'same'"},
         ]
     )
-    assert exprs == ["f(2)", "f(3)", "f(1)", "f(2)", "f(5)", "g(1) == f(1)"]  # no 4, 9, 100, (3, 4) or 0 inside
+    assert exprs == ["f(2)", "f(3)", "f(1)", "f(2)", "f(5)", "g(1)", "f(1)"]  # no 4, 9, 100, (3, 4) or 0 inside
     assert checks[0] == ("strict", 0, 4)
-    values = [4, 9, 1, 4, 25, True]
+    values = [4, 9, 1, 4, 25, 1, 1]
     assert [passes(c, values) for c in checks] == [True] * 5
-    assert [passes(c, [4.0, 9.0, 101, 5, 0, False]) for c in checks] == [False, True, False, False, False]
+    assert [passes(c, [4.0, 9.0, 101, 5, 0, 1, 2]) for c in checks] == [False, True, False, False, False]
 
 
 def test_bad_tests_are_the_tasks_fault():
@@ -124,6 +124,20 @@ def test_forged_results_gain_nothing():
         "import os\nos.close(3)",
     ):
         assert code_reward("", patch + "\ndef f(x):\n    return 0", tests=tests) == 0.0, patch  # as f alone
+
+
+@linux
+def test_an_assert_with_no_literal_side_is_compared_by_the_judge():
+    """`assert f(x) == ref(x)` with both sides computed: each side comes out as plain data and the judge compares
+    them, so an object that equals everything, or a patched operator module, cannot pass it."""
+    ref = "def ref(x):\n    return x * x\n"
+    tests = [{"assert": "f(2) == ref(2)"}, {"assert": "f(3) == ref(3) and ref(3) <= f(3)"}]
+    assert code_reward("", ref + SQUARE, tests=tests) == 1.0
+    for cheat in (
+        "class A:\n    __eq__ = __le__ = lambda s, o: True\ndef f(x):\n    return A()",
+        "import operator\noperator.eq = operator.le = lambda a, b: True\ndef f(x):\n    return 0",
+    ):
+        assert code_reward("", ref + cheat, tests=tests) == 0.0, cheat
 
 
 @linux

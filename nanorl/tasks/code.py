@@ -7,7 +7,7 @@
 Tests are either {"call": "f(1, 2)", "expected": "3"} (a Python expression and the literal it must
 equal) or {"assert": "f(1) == 2"} statements. The expected answers never enter the sandbox. What
 runs there is the solution plus RUNNER, which evaluates only each test's expressions (a call; the
-non-literal sides of an assert's comparison; `and`, `or` and `not` are left to the judge) and writes
+non-literal sides of an assert's comparisons; comparisons, `and`, `or` and `not` are left to the judge) and writes
 each value to file descriptor 3 as plain data: one JSON line per expression, tagged with its
 built-in type (["i", "3"], ["l", [...]], ...; anything else is ["?", type name]). The trainer parses
 that defensively (`parse_values`, `decode`: size, depth and type checks) and compares it itself: a
@@ -15,8 +15,9 @@ call strictly (same built-in types all the way down, so an object whose `__eq__`
 gains nothing), an assert with Python's operators on the plain values. The program can patch
 anything in its own interpreter or write lines of its own, but it never sees what it is compared
 against: a forged value is only a guess, and a second line for one expression voids the whole run.
-An assert with no literal side (`f(1) == g(1)`) is evaluated whole inside the sandbox, where the
-program can bend it: write such tests as a call and a literal.
+Every comparison is made here, also one with no literal side (`f(1) == g(1)`: both sides come out as plain
+data). What the sandbox evaluates still runs in the program's interpreter, where it may have replaced a builtin
+(`sorted`, `abs`) that an expression calls besides the solution: write the expected side as a literal.
 Reward: the fraction of tests passed, in [0, 1], or 1/0 with all_or_nothing. Output that does not
 parse scores 0 and is flagged: `code_reward.batch` returns tasks.Scores with per-sample flags "failed" (the
 program did not exit 0 within its limits) and "malformed", logged each step as reward/<part>_failed_mean and
@@ -108,23 +109,21 @@ _OPS = {
 
 
 def plan_assert(node: ast.expr, exprs: list[str]) -> tuple:
-    """An assert's test -> a check, appending what the sandbox must evaluate to `exprs`: `and`, `or` and `not`
-    are applied by the judge; a comparison with a literal side sends only its other sides in."""
+    """An assert's test -> a check, appending what the sandbox must evaluate to `exprs`: `and`, `or`, `not` and
+    every comparison are applied by the judge; a comparison sends only its non-literal sides in."""
     if isinstance(node, ast.BoolOp):
         return ("all" if isinstance(node.op, ast.And) else "any", [plan_assert(v, exprs) for v in node.values])
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return ("not", plan_assert(node.operand, exprs))
     if isinstance(node, ast.Compare) and all(type(op) in _OPS for op in node.ops):
-        nodes = [node.left, *node.comparators]
-        literals = [_literal(x) for x in nodes]
-        if any(ok for ok, _ in literals):
-            sides = []
-            for (ok, value), x in zip(literals, nodes):
-                if not ok:
-                    exprs.append(ast.unparse(x))
-                sides.append(("value", value) if ok else ("expr", len(exprs) - 1))
-            return ("compare", [_OPS[type(op)] for op in node.ops], sides)
-    exprs.append(ast.unparse(node))  # judged by its truth; with no literal side the program can bend it
+        sides = []
+        for x in [node.left, *node.comparators]:  # each side a value: a literal here, or the sandbox's plain data
+            ok, value = _literal(x)
+            if not ok:
+                exprs.append(ast.unparse(x))
+            sides.append(("value", value) if ok else ("expr", len(exprs) - 1))
+        return ("compare", [_OPS[type(op)] for op in node.ops], sides)
+    exprs.append(ast.unparse(node))  # anything else (`f(1)`, `is_even(f(2))`) is judged by the truth of its value
     return ("truth", len(exprs) - 1)
 
 
