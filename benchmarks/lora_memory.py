@@ -22,6 +22,7 @@ that arithmetic beside the measured LoRA step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import shutil
@@ -115,7 +116,7 @@ def one_run(model_name: str, lora_r: int, reps: int, device_name: str, ckpt: boo
     policy, tok = load_model(cfg.model, device, dtype)
     policy = trainable(policy, cfg).eval()
     sampler = LocalSampler(policy, stop_token_ids(policy, tok), tok.pad_token_id, backend)
-    opt, sched = make_optimizer(policy, cfg.lr, 0.0, 0, 100, "constant")
+    opt, sched = make_optimizer(policy, dataclasses.replace(cfg, warmup_steps=0, lr_schedule="constant"), 100)
     task = task_from_config(cfg)
     examples = [task.train[i] for i in prompt_order(len(task.train), cfg.seed, 0, cfg.prompts_per_step)]
     prompts = [render_prompt(tok, ex.prompt) for ex in examples]

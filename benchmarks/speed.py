@@ -36,6 +36,7 @@ Writes OUT/speed.json (everything) and OUT/table.md (the table of docs/speed.md)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -295,7 +296,7 @@ def nanorl_run(a):
         pad_id=tok.pad_token_id,
         sampler=LocalSampler(policy, stop_token_ids(policy, tok), tok.pad_token_id, backend),
     )
-    opt, sched = make_optimizer(run.policy, cfg.lr, 0.0, 0, 10_000, "constant")
+    opt, sched = make_optimizer(run.policy, dataclasses.replace(cfg, warmup_steps=0, lr_schedule="constant"), 10_000)
     return cfg, run, examples, opt, sched
 
 

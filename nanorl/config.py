@@ -88,9 +88,13 @@ class OptimConfig:
     """Optimisation: AdamW, its schedule, batches"""
 
     lr: float = _f(2e-5, "peak AdamW learning rate")
-    lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear (to 10% of peak)")
+    lr_schedule: str = _f("cosine", "after warmup: constant | cosine | linear, down to lr_min_ratio of the peak")
+    lr_min_ratio: float = _f(0.1, "where cosine / linear decay ends, a fraction of the peak (transformers': 0)")
     warmup_steps: int = _f(3, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.99, "AdamW beta2 (transformers' default: 0.999)")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
     epochs: int = _f(1, "passes over each rollout batch (online) or over the training rows (offline)")
     micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation; no effect on the math)")
@@ -293,8 +297,9 @@ RULES = {
     **dict.fromkeys(
         "dynamic_sampling lora_r max_tool_calls max_episode_tokens vllm_max_model_length".split(), NOT_NEGATIVE
     ),
-    **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout".split(), POSITIVE),
-    **dict.fromkeys("gamma gae_lambda".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
+    **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout adam_epsilon".split(), POSITIVE),
+    **dict.fromkeys("gamma gae_lambda lr_min_ratio".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
+    **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "use_vllm": (lambda v: not v or importlib.util.find_spec("vllm"), "false here: vllm is not installed (see README)"),

@@ -109,9 +109,7 @@ def train(
     mb_size = cfg.minibatch_size or cfg.prompts_per_step * group_size
     opt_steps_per_batch = cfg.epochs * (cfg.prompts_per_step * group_size // mb_size)
     on_policy = opt_steps_per_batch == 1  # then old log-probs are the current ones, detached
-    opt, sched = make_optimizer(
-        policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.steps * opt_steps_per_batch, cfg.lr_schedule
-    )
+    opt, sched = make_optimizer(policy, cfg, cfg.steps * opt_steps_per_batch)
     start = checkpoint.load_state(ckpt, opt, sched, policy)["step"] if resuming else 0
     logger.rewind(start)  # resumed: lines the stopped run wrote after its checkpoint are redone below
 

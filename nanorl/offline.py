@@ -90,7 +90,7 @@ def fit(
     t_start, out, ckpt = time.perf_counter(), Path(cfg.out_dir), Path(cfg.out_dir) / "checkpoint"
     per_epoch = -(-len(rows) // cfg.batch_size)  # optimizer steps per epoch: a partial last batch is one too
     total = cfg.epochs * per_epoch
-    opt, sched = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
+    opt, sched = make_optimizer(model, cfg, total)
     start = checkpoint.load_state(ckpt, opt, sched, model)["step"] if cfg.resume else 0  # setup checked it exists
     logger.rewind(start)  # lines a stopped run wrote after its checkpoint are redone below
 

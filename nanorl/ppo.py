@@ -73,10 +73,8 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
     mb_size = cfg.minibatch_size or batch
     opt_steps_per_batch = cfg.epochs * (batch // mb_size)
     total = cfg.steps * opt_steps_per_batch
-    opt, sched = make_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule)
-    critic_opt, critic_sched = make_optimizer(
-        critic, cfg.critic_lr, cfg.weight_decay, cfg.warmup_steps, total, cfg.lr_schedule
-    )
+    opt, sched = make_optimizer(policy, cfg, total)
+    critic_opt, critic_sched = make_optimizer(critic, cfg, total, cfg.critic_lr)
     start = 0
     if resuming:
         state = checkpoint.load_state(ckpt, opt, sched, policy)

@@ -146,17 +146,8 @@ class LocalSampler:
         self.model.eval()  # no dropout while sampling, whatever mode the caller keeps the model in
         try:  # FSDP: on the gathered weights (ranks stop decoding at different steps)
             with distributed.full_weights(self.model):
-                return generate(
-                    self.model,
-                    prompts,
-                    group_size,
-                    params,
-                    self.stop_ids,
-                    seed,
-                    self.pad_id,
-                    self.backend,
-                    self.prefill,
-                )
+                settings = (self.stop_ids, seed, self.pad_id, self.backend, self.prefill)
+                return generate(self.model, prompts, group_size, params, *settings)
         finally:
             self.model.train(was_training)
 

@@ -25,7 +25,19 @@ SAME = {
     "max_steps": "steps",
     "num_iterations": "epochs",
     "max_grad_norm": "grad_clip",
-    "lr_scheduler_type": "lr_schedule",
+    # transformers' schedules decay to 0 (nanorl's to lr_min_ratio, 0.1 unless given); constant has no warmup there
+    "lr_scheduler_type": (
+        "lr_schedule",
+        {
+            "cosine": {"lr_schedule": "cosine", "lr_min_ratio": 0.0},
+            "linear": {"lr_schedule": "linear", "lr_min_ratio": 0.0},
+            "constant": {"lr_schedule": "constant", "warmup_steps": 0},
+            "constant_with_warmup": {"lr_schedule": "constant"},
+        },
+    ),
+    "save_total_limit": "keep_last",
+    "save_strategy": ("save_every", {"steps": {}, "no": {"save_every": 0}}),  # steps: every save_steps
+    "eval_strategy": ("eval_every", {"steps": {}}),
     "save_steps": "save_every",
     "eval_steps": "eval_every",
     "lora_target_modules": "lora_target",
@@ -68,6 +80,27 @@ DIFFERENT = {
     "vllm_tensor_parallel_size": "a colocated engine is one per process (tensor parallel 1); a server shards the "
     "model over GPUs: nanorl vllm-serve --tensor_parallel_size N",
     "reward_weights": "weights go in the reward spec: --reward 'math=1,answer_tag=0.2'",
+    "lr_scheduler_type": "nanorl's schedules are constant, cosine and linear (lr_schedule), with warmup_steps and "
+    "lr_min_ratio (where the decay ends; transformers': 0)",
+    "warmup_ratio": "set warmup_steps (optimizer steps; transformers' warmup is ceil(warmup_ratio x max_steps))",
+    "save_strategy": "checkpoints are written every save_every steps (0 = none), not per epoch or by a metric",
+    "eval_strategy": "evaluation runs every eval_every steps (and at the start and the end), not per epoch",
+    "steps_per_generation": "a step samples one batch and makes epochs x (batch / minibatch_size) optimizer steps "
+    "on it: set minibatch_size (and epochs)",
+    "push_to_hub": "nanorl does not upload; the final folder (out_dir/model) is hub-ready: `hf upload NAME "
+    "out_dir/model`",
+    "log_completions": "each step's samples go to samples.jsonl in the run folder (nanorl report shows them)",
+    "run_name": "the run is named by its out_dir (W&B: WANDB_NAME / WANDB_PROJECT)",
+    "eval_dataset": "a data file's test / validation split (or its held-out rows) is the evaluation set",
+    "per_device_eval_batch_size": "evaluation samples every held-out prompt in batches of its own",
+    "optim": "the optimizer is AdamW (fused) with adam_beta1, adam_beta2, adam_epsilon and weight_decay",
+    "min_p": "not in nanorl yet: temperature, top_p and top_k shape the sampling",
+    "repetition_penalty": "not in nanorl yet: temperature, top_p and top_k shape the sampling",
+    "generation_kwargs": "not in nanorl: the sampling keys are temperature, top_p and top_k",
+    "chat_template_kwargs": "not in nanorl yet: prompts go through the chat template as it is",
+    "fp16": "fp16 training is not in nanorl: --dtype bf16-mixed (TRL's bf16) or float32",
+    "use_liger_kernel": "not in nanorl: log-probs are computed a chunk of rows at a time already",
+    "ds3_gather_for_generation": "DeepSpeed is not used: FSDP (--strategy fsdp) gathers each weight as it is needed",
     "sync_ref_model": "the reference model is the starting model and stays frozen",
     "logging_steps": "every step is logged",
 }
@@ -143,7 +176,7 @@ def resolve_names(cls, values: dict, prog: str = "nanorl train") -> dict:
         if name in DIFFERENT or name in SAME:
             hint = DIFFERENT.get(name, f"no nanorl key of `{prog}` means the same")
             raise ConfigError(f"config key '{name}' (a TRL name): {hint} (see `{prog} --help`)")
-        close = difflib.get_close_matches(name, sorted(fields) + sorted(SAME), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name, sorted(fields) + sorted(SAME), n=1, cutoff=0.75)  # typos, not kin
         hint = f"; did you mean '{close[0]}'" if close else ""
         if close and isinstance(SAME.get(close[0]), str):
             hint += f" (TRL's name for '{SAME[close[0]]}')"
@@ -151,7 +184,8 @@ def resolve_names(cls, values: dict, prog: str = "nanorl train") -> dict:
         raise ConfigError(f"unknown config key '{name}'{hint} (see `{prog} --help`)")
     if "epsilon_high" in values and "clip_high" in fields:  # the explicit high bound beats epsilon's copy
         renamed.update(_mapped(cls, "epsilon_high", values["epsilon_high"]))
-    both = sorted(k for k in renamed.keys() & out.keys() if not (k == "clip_high" and "epsilon_high" not in values))
+    implied = {"lr_min_ratio", "warmup_steps"} | ({"clip_high"} if "epsilon_high" not in values else set())
+    both = sorted(k for k in renamed.keys() & out.keys() if k not in implied)  # implied by a TRL name: nanorl's wins
     if both:  # e.g. --learning_rate and --lr: which one was meant?
         raise ConfigError(f"config key '{both[0]}' is given twice, once by its TRL name: give one of them")
     return {**renamed, **out}

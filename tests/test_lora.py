@@ -57,7 +57,7 @@ def test_optimizer_holds_adapter_state_only_and_the_reference_is_the_base(tmp_pa
 
     cfg = GRPOConfig(**{**SMALL, "lora_target": "q_proj,v_proj"})
     model = trainable(load_model("tiny")[0], cfg)
-    opt, _ = make_optimizer(model, 1e-3, 0.0, 0, 10, "constant")
+    opt, _ = make_optimizer(model, GRPOConfig(lr=1e-3, warmup_steps=0, lr_schedule="constant"), 10)
     params = [p for g in opt.param_groups for p in g["params"]]
     names = {id(p): n for n, p in model.named_parameters()}
     assert params and all("lora_" in names[id(p)] for p in params)

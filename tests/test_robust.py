@@ -52,7 +52,7 @@ def test_a_reward_that_is_not_a_finite_number_is_reported_with_its_input(tmp_pat
 
 def test_a_non_finite_gradient_skips_the_update_and_leaves_the_weights():
     model, _ = tiny_model_and_tokenizer()
-    opt, sched = make_optimizer(model, 1e-2, 0.0, 0, 10, "constant")
+    opt, sched = make_optimizer(model, GRPOConfig(lr=1e-2, warmup_steps=0, lr_schedule="constant"), 10)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     for p in model.parameters():
         p.grad = torch.ones_like(p)

@@ -2,10 +2,12 @@
 documentation, written here so TRL is not needed), TRL's config names, and datasets in TRL's standard and
 conversational formats, from the CLI and from Python, on the tiny model."""
 
+import dataclasses
 import json
 import re
 
 import pytest
+import torch
 
 from nanorl.cli import main
 from nanorl.config import ConfigError, DPOConfig, GRPOConfig, PPOConfig, SFTConfig, from_dict, parse_args
@@ -156,6 +158,54 @@ def test_trl_names_are_aliases_and_near_misses_get_a_suggestion(tmp_path):
         parse_args(GRPOConfig, ["--gradient_accumulation_steps", "4"])
     with pytest.raises(ConfigError, match="loss_type.*--algo dapo. also turns on dynamic sampling"):
         from_dict(GRPOConfig, {"loss_type": "cispo"})
+
+
+def test_trl_schedule_and_adamw_names_mean_what_they_mean_in_transformers():
+    """transformers' cosine / linear schedules decay to 0 (nanorl's to lr_min_ratio, 0.1), its AdamW beta2 is 0.999
+    (nanorl's 0.99): a TRL name gives transformers' meaning, a nanorl key given beside it wins, and the optimizer
+    is built from the config's values."""
+    from nanorl.learner import lr_factor, make_optimizer
+
+    assert (GRPOConfig().lr_min_ratio, GRPOConfig().adam_beta2) == (0.1, 0.99)  # nanorl's defaults, in config.json
+    cfg = from_dict(GRPOConfig, {"lr_scheduler_type": "cosine", "adam_beta2": 0.999, "adam_epsilon": 1e-6})
+    assert (cfg.lr_schedule, cfg.lr_min_ratio, cfg.warmup_steps) == ("cosine", 0.0, 3)
+    assert from_dict(GRPOConfig, {"lr_scheduler_type": "linear", "lr_min_ratio": 0.2}).lr_min_ratio == 0.2
+    assert from_dict(SFTConfig, {"lr_scheduler_type": "constant"}).warmup_steps == 0  # transformers': no warmup
+    assert lr_factor(9, 0, 9, cfg.lr_schedule, cfg.lr_min_ratio) == 0.0 and lr_factor(9, 0, 9, "cosine", 0.1) == 0.1
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), dataclasses.replace(cfg, warmup_steps=0), total_steps=4)
+    assert opt.param_groups[0]["betas"] == (0.9, 0.999) and opt.param_groups[0]["eps"] == 1e-6
+    for _ in range(4):
+        opt.step(), sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0  # decayed to transformers' end
+    assert (
+        from_dict(GRPOConfig, {"save_strategy": "no"}).save_every,
+        from_dict(DPOConfig, {"save_total_limit": 3}).keep_last,
+    ) == (0, 3)
+    with pytest.raises(ConfigError, match="lr_scheduler_type.*schedules are constant, cosine and linear"):
+        from_dict(GRPOConfig, {"lr_scheduler_type": "cosine_with_restarts"})
+
+
+def test_trl_names_nanorl_lacks_get_their_own_answer_never_a_near_miss_of_another_meaning():
+    """TRL names close in spelling to a nanorl key of another meaning (steps_per_generation ~ num_generations,
+    save_strategy ~ strategy, adam_epsilon ~ epsilon) are answered for what they are."""
+    answers = {
+        "steps_per_generation": "set minibatch_size",
+        "save_strategy": "every save_every steps",
+        "eval_strategy": "every eval_every steps",
+        "warmup_ratio": "set warmup_steps",
+        "generation_kwargs": "sampling keys are temperature",
+        "log_completions": "samples.jsonl",
+        "push_to_hub": "hub-ready",
+        "eval_dataset": "test / validation split",
+    }
+    for name, answer in answers.items():
+        value = "epoch" if name.endswith("strategy") else 2
+        with pytest.raises(ConfigError, match=f"'{name}' .a TRL name.: .*{answer}") as e:
+            from_dict(SFTConfig, {name: value})
+        assert "did you mean" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        from_dict(SFTConfig, {"temperature": 1.0})  # a sampling key: SFT samples nothing, and it is not 'operators'
+    assert "did you mean" not in str(e.value)
 
 
 def test_trl_vllm_names_mean_the_same_or_say_what_to_write():
