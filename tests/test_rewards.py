@@ -44,6 +44,24 @@ def test_math_verify_handles_symbolic_answers():
     assert math_reward("", "\\boxed{2\\pi}", answer="\\pi") == 0.0
 
 
+def test_the_math_reward_without_math_verify_stops_at_setup(monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    from nanorl.tasks import Example, RewardSetupError, Task
+    from nanorl.tasks.math_answer import math_reward
+
+    task = Task("t", train=[Example("1+1?", {"answer": "2"})], eval=[], reward=[("math", math_reward, 1.0)])
+    task.check()
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else find_spec(name, *a)
+    )
+    with pytest.raises(RewardSetupError, match="needs math-verify"):  # before any model, not string equality later
+        task.check()
+
+
 def test_countdown_reward_right_wrong_malformed_adversarial():
     from nanorl.tasks.countdown import countdown_reward, countdown_task
 

@@ -76,6 +76,7 @@ class Task:
         """Each reward can be called on the first rows' fields (a missing column, a wrong signature): before any
         model is loaded."""
         for name, fn, _ in self.parts():
+            getattr(fn, "requires", lambda: None)()  # what a reward needs installed (math: math-verify)
             for ex in (self.train[0], *self.eval[:1]):
                 try:  # TRL's batched form: every column it names must exist
                     if hasattr(fn, "arguments"):

@@ -1,6 +1,7 @@
 """Math answers: pull the final answer out of a completion and compare it with the reference,
-equivalence-aware (fractions, LaTeX, units), with the `math-verify` library where it is installed
-(`pip install math-verify`), else an exact numeric comparison.
+equivalence-aware: numbers (fractions, decimals, units, percentages) compared exactly, anything else (LaTeX,
+symbols) by the `math-verify` library, which the reward needs (`pip install math-verify`, or nanorl-llm[math]): a run
+without it stops at setup, before any model loads, never falling back to comparing strings.
 
     math_reward("...", "so the total is \\\\boxed{\\\\frac{3}{4}}", answer="0.75")    # -> 1.0
     task = gsm8k_task("gsm8k_test.jsonl")     # a local GSM8K-format file: {question, answer "... #### 42"}
@@ -11,6 +12,7 @@ The answer is, in order of preference: the last \\boxed{...}, the text after "##
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from fractions import Fraction
@@ -61,10 +63,8 @@ def math_equal(pred: str, gold: str) -> bool:
     a, b = to_number(pred), to_number(gold)
     if a is not None and b is not None:
         return a == b
-    try:
-        from math_verify import parse, verify
-    except ImportError:
-        return pred.strip() == gold.strip()
+    from math_verify import parse, verify  # requires() checked it is installed
+
     try:
         return bool(verify(parse(f"${gold}$"), parse(f"${pred}$")))
     except Exception:  # math-verify raises on some malformed LaTeX: a wrong answer, not a crash
@@ -75,6 +75,19 @@ def math_reward(prompt, completion: str, answer, **_) -> float:
     """1.0 when the completion's final answer equals `answer` (see module docstring), else 0.0."""
     pred = extract_answer(completion)
     return float(pred is not None and math_equal(pred, str(answer)))
+
+
+def requires() -> None:
+    """What the reward needs besides its fields, checked by Task.check before any model loads."""
+    from nanorl.tasks import RewardSetupError
+
+    if importlib.util.find_spec("math_verify") is None:
+        raise RewardSetupError(
+            "reward 'math' needs math-verify for answers that are not plain numbers: pip install math-verify"
+        )
+
+
+math_reward.requires = requires
 
 
 def gsm8k_task(path: str | Path, eval_size: int = 200, seed: int = 0):
