@@ -113,6 +113,7 @@ class TaskConfig:
     digits: int = _f(2, "arithmetic: digits per operand")
     operators: str = _f("+", "arithmetic: operators to draw from, e.g. '+-*'")
     eval_size: int = _f(200, "held-out prompts for evaluation (never sampled for training)")
+    eval_data: str = _f("", "data tasks: held-out rows from this source ('' = its test split, else rows cut from it)")
     max_new_tokens: int = _f(32, "completion length cap; longer completions are marked truncated")
 
 
@@ -341,7 +342,7 @@ def _convert(key: str, typ, value):
 def nanorl_names(cls, values: dict, prog: str) -> dict:
     """The keys of a config dict in nanorl's names (dashes as underscores). Any other key, a TRL name or a typo, goes
     to trl_names.resolve_names (loaded only then), which renames it or says what to write instead."""
-    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values = {k.replace("-", "_"): v for k, v in values.items() if not k.startswith("_")}  # _x: notes (config.json)
     if set(values) <= set(cls.__dataclass_fields__):
         return values
     from nanorl.trl_names import resolve_names

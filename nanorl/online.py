@@ -157,7 +157,8 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     """Write config.json and print what runs: the config, the task's size, the model and its memory."""
     if not distributed.is_main():
         return
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # the logger made the folder
+    notes = {"_held_out": task.held_out} if task.held_out else {}  # where the eval rows came from, when not obvious
+    (out / "config.json").write_text(json.dumps({**to_dict(cfg), **notes}, indent=2))  # the logger made the folder
     policy = models["policy"]
     memory = ", ".join(
         f"{k} {sum(getattr(p, 'to_local', lambda p=p: p)().nbytes for p in m.parameters()) / 2**30:.2f} GiB"
@@ -166,7 +167,8 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     )  # FSDP: the shards this process holds
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
     print(
-        f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts; model "
+        f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts"
+        f"{f' (held out: {task.held_out})' if task.held_out else ''}; model "
         f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
         f"{next(policy.parameters()).dtype}{f' with {backend.autocast} autocast' if backend.autocast else ''}; "
         f"weights per process: {memory}"

@@ -185,6 +185,30 @@ def test_trl_schedule_and_adamw_names_mean_what_they_mean_in_transformers():
         from_dict(GRPOConfig, {"lr_scheduler_type": "cosine_with_restarts"})
 
 
+def test_held_out_rows_say_where_they_come_from_and_eval_dataset_gives_them(tmp_path):
+    """A data file without a test split gives up eval_size of its rows as the held-out set: the console and
+    config.json say so (how many, the shuffle seed); eval_data (TRL's eval_dataset) gives another file instead."""
+    rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(40)]
+    _write(tmp_path / "train.jsonl", rows)
+    _write(tmp_path / "test.jsonl", [{"prompt": "7 + 7 =", "answer": "14"}] * 3)
+    task = get_task(str(tmp_path / "train.jsonl"), eval_size=8)
+    assert (len(task.train), len(task.eval)) == (32, 8) and "8 training rows set aside" in task.held_out
+    assert "shuffle seed 0" in task.held_out
+    task = get_task(str(tmp_path / "train.jsonl"), eval_size=8, eval_data=str(tmp_path / "test.jsonl"))
+    assert (len(task.train), len(task.eval)) == (40, 3) and task.held_out == f"3 rows of {tmp_path / 'test.jsonl'}"
+    with pytest.raises(ConfigError, match="'eval_data': held-out rows from a file are for a task from data"):
+        get_task("arithmetic", eval_data=str(tmp_path / "test.jsonl"))
+    out = tmp_path / "run"
+    args = ["train", "--model", "tiny", "--task", str(tmp_path / "train.jsonl"), "--steps", "1", "--eval-size", "4"]
+    main(
+        [*args, "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "4", "--out-dir", str(out)]
+    )
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["_held_out"].startswith("4 training rows set aside") and saved["eval_data"] == ""
+    assert from_dict(GRPOConfig, saved).eval_size == 4  # the notes (_held_out) read back as nothing
+    assert from_dict(GRPOConfig, {"eval_dataset": "t.jsonl"}).eval_data == "t.jsonl"
+
+
 def test_trl_names_nanorl_lacks_get_their_own_answer_never_a_near_miss_of_another_meaning():
     """TRL names close in spelling to a nanorl key of another meaning (steps_per_generation ~ num_generations,
     save_strategy ~ strategy, adam_epsilon ~ epsilon) are answered for what they are."""
@@ -196,7 +220,6 @@ def test_trl_names_nanorl_lacks_get_their_own_answer_never_a_near_miss_of_anothe
         "generation_kwargs": "sampling keys are temperature",
         "log_completions": "samples.jsonl",
         "push_to_hub": "hub-ready",
-        "eval_dataset": "test / validation split",
     }
     for name, answer in answers.items():
         value = "epoch" if name.endswith("strategy") else 2

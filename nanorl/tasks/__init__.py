@@ -63,6 +63,7 @@ class Task:
     acc_threshold: float = 1.0  # accuracy metrics count a completion correct when its reward is >= this
     tools: list = field(default_factory=list)  # tools its episodes may call (agents/; e.g. the calculator task's)
     environment: object = None  # an environment class each episode acts in, one instance each (e.g. guess's)
+    held_out: str = ""  # where the eval rows come from, when it is not obvious (data tasks): console and config.json
 
     def __post_init__(self):
         if not self.train:
@@ -191,7 +192,7 @@ def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
 
 def get_task(name, *, reward: str = "", on_error: str = "raise", acc_threshold: float = 1.0, **options) -> Task:
     """A built-in task, or data (a file, folder, hub id, or datasets.Dataset), with builtin_task's `options`
-    (digits, operators, eval_size, seed, prompt_field, answer_field); a non-empty `reward` spec replaces the
+    (digits, operators, eval_size, eval_data, seed, prompt_field, answer_field); a non-empty `reward` spec replaces the
     task's own reward."""
     task = builtin_task(name, **options)
     if reward:  # a spec, or reward functions from Python
@@ -210,6 +211,7 @@ def task_from_config(cfg, source=None, reward=None) -> Task:
         digits=cfg.digits,
         operators=cfg.operators,
         eval_size=cfg.eval_size,
+        eval_data=cfg.eval_data,
         prompt_field=cfg.prompt_field,
         answer_field=cfg.answer_field,
         on_error=cfg.reward_errors,

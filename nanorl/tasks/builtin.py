@@ -25,8 +25,13 @@ def builtin_rewards() -> dict:
     return {**REWARDS, "math": math_reward, "code": code_reward, "sql": sql_reward, "countdown": countdown_reward}
 
 
-def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_field="prompt", answer_field="answer"):
+def builtin_task(
+    name, digits=2, operators="+", eval_size=200, eval_data="", seed=0, prompt_field="prompt", answer_field="answer"
+):
     """A built-in task by name, or a task from data: a file, a folder, a hub id, or a datasets.Dataset."""
+    data = not isinstance(name, str) or "/" in name or Path(name).suffix or Path(name).exists()
+    if eval_data and not data:
+        raise ConfigError(f"config key 'eval_data': held-out rows from a file are for a task from data, not {name!r}")
     if name == "arithmetic":
         from nanorl.tasks.arithmetic import arithmetic
 
@@ -52,17 +57,10 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, seed=0, prompt_fi
         from nanorl.tasks.math_answer import gsm8k_task
 
         task = gsm8k_task(name[len("gsm8k:") :], eval_size=eval_size, seed=seed)
-    elif not isinstance(name, str) or "/" in name or Path(name).suffix or Path(name).exists():
+    elif data:
         from nanorl.tasks.files import file_task  # a data file or folder, a hub id, a datasets.Dataset
 
-        task = file_task(
-            name,
-            reward="final_number",
-            eval_size=eval_size,
-            seed=seed,
-            prompt_field=prompt_field,
-            answer_field=answer_field,
-        )
+        task = file_task(name, "final_number", eval_size, seed, prompt_field, answer_field, eval_data)
     else:
         raise ConfigError(
             f"config key 'task': unknown task {name!r} (use arithmetic, countdown, calculator, guess, code, sql, "

@@ -116,15 +116,23 @@ def file_task(
     seed: int = 0,
     prompt_field: str = "prompt",
     answer_field: str = "answer",
+    eval_data="",
 ) -> Task:
     """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field` is also
-    passed to the reward as `answer`. The held-out set is the source's test/validation split (its first
-    eval_size rows) or, without one, the first eval_size rows (at most half) after a seeded shuffle."""
+    passed to the reward as `answer`. The held-out set (its first eval_size rows) is `eval_data` (another source:
+    its test split, or its rows), else the source's test/validation split, else eval_size rows (at most half) cut
+    from the training rows after a shuffle with `seed`; Task.held_out says which (console, config.json)."""
     from nanorl.errors import ConfigError
     from nanorl.tasks import Example, Task, parse_reward_spec
 
     rows, held = load_rows(source, "task")
     name = Path(str(source)).stem if isinstance(source, (str, Path)) else "dataset"
+    said = f"the test split of {source}" if isinstance(source, (str, Path)) else "the dataset's test split"
+    if eval_data:
+        other, other_held = load_rows(eval_data, "eval_data")
+        held, said = (
+            (other_held, f"the test split of {eval_data}") if other_held is not None else (other, str(eval_data))
+        )
 
     def examples(part, label):
         out = []
@@ -142,9 +150,13 @@ def file_task(
 
     train = examples(rows, "train")
     if held is not None:
-        return Task(name, train=train, eval=examples(held, "held-out")[:eval_size], reward=parse_reward_spec(reward))
+        held = examples(held, "held-out")[:eval_size]
+        return Task(
+            name, train=train, eval=held, reward=parse_reward_spec(reward), held_out=f"{len(held)} rows of {said}"
+        )
     if len(train) < 2:
         raise ConfigError(f"{source}: needs at least 2 rows (train and eval), found {len(train)}")
     random.Random(seed).shuffle(train)
     n_eval = min(eval_size, len(train) // 2)
-    return Task(name, train=train[n_eval:], eval=train[:n_eval], reward=parse_reward_spec(reward))
+    said = f"{n_eval} training rows set aside (no test split; shuffle seed {seed}; eval_data to give one)"
+    return Task(name, train=train[n_eval:], eval=train[:n_eval], reward=parse_reward_spec(reward), held_out=said)
