@@ -2,8 +2,11 @@
 TRL, renamed to nanorl's before a config is built (config.from_dict, config.parse_args).
 
     values = resolve_names(GRPOConfig, {"num_generations": 8, "beta": 0.04}, "nanorl train")
-    # -> {"samples_per_prompt": 8, "kl_coef": 0.04}; a TRL name that means something else here is an error
-    #    that says what to write instead, and a near miss gets "did you mean"
+    # -> {"samples_per_prompt": 8, "kl_coef": 0.04, "std_correction": 1}; a TRL name that means something else
+    #    here is an error that says what to write instead, and a near miss of a key gets "did you mean"
+
+A config with any TRL name is a TRL user's: the group std is then TRL's, the sample std (std_correction 1; nanorl's
+default is the population std, 0), unless std_correction is given too; config.json records which.
 """
 
 from __future__ import annotations
@@ -184,7 +187,11 @@ def resolve_names(cls, values: dict, prog: str = "nanorl train") -> dict:
         raise ConfigError(f"unknown config key '{name}'{hint} (see `{prog} --help`)")
     if "epsilon_high" in values and "clip_high" in fields:  # the explicit high bound beats epsilon's copy
         renamed.update(_mapped(cls, "epsilon_high", values["epsilon_high"]))
-    implied = {"lr_min_ratio", "warmup_steps"} | ({"clip_high"} if "epsilon_high" not in values else set())
+    if renamed and "std_correction" in fields:  # a TRL config: TRL's group std, the sample std (torch.std)
+        renamed.setdefault("std_correction", 1)
+    implied = {"lr_min_ratio", "warmup_steps", "std_correction"} | (
+        {"clip_high"} if "epsilon_high" not in values else set()
+    )
     both = sorted(k for k in renamed.keys() & out.keys() if k not in implied)  # implied by a TRL name: nanorl's wins
     if both:  # e.g. --learning_rate and --lr: which one was meant?
         raise ConfigError(f"config key '{both[0]}' is given twice, once by its TRL name: give one of them")

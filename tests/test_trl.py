@@ -136,6 +136,8 @@ def test_trl_names_are_aliases_and_near_misses_get_a_suggestion(tmp_path):
         1e-6,
     )  # TRL's epsilon_high defaults to epsilon
     assert (cfg.loss_agg, cfg.scale_adv_by_std, cfg.epochs, cfg.ratio_level) == ("constant", False, 2, "sequence")
+    assert cfg.std_correction == 1 and GRPOConfig().std_correction == 0  # TRL's group std (sample) with TRL names
+    assert from_dict(GRPOConfig, {"num_generations": 4, "std_correction": 0}).std_correction == 0  # unless given
     cfg = from_dict(GRPOConfig, {"epsilon": 0.2, "epsilon_high": 0.28})
     assert (cfg.clip_low, cfg.clip_high) == (0.2, 0.28)
     with pytest.raises(ConfigError, match="'batch' .group mean, batch std. has no exact equivalent"):
