@@ -27,7 +27,7 @@ from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.checkpoint import check_resume
 from nanorl.config import OnlineConfig, to_dict, validate
-from nanorl.data import chunks, encode_reply, render_prompt
+from nanorl.data import render_prompt
 from nanorl.errors import ConfigError
 from nanorl.evaluate import evaluate
 from nanorl.learner import count_bad_steps
@@ -210,29 +210,14 @@ def reward(task: Task, rm, examples, texts, roll, cfg: OnlineConfig, timer, devi
     parts = {k: parts.get(k, nan) for k in dict.fromkeys(distributed.gather_objects(list(parts)))}
     rewards = cfg.rule_weight * torch.tensor(total)
     if rm is not None:
+        from nanorl.reward_model import rm_score  # only with a reward model
+
         parts["rm"] = rm_score(*rm, examples, texts, cfg, device, backend)
         rewards = rewards + cfg.rm_weight * parts["rm"]
     for name in dict.fromkeys(distributed.gather_objects(list(env))):  # added to the reward as they are
         rewards = rewards + parts[name].nan_to_num(0.0)
     timer["reward"] += time.perf_counter() - t
     return rewards, parts
-
-
-@torch.no_grad()
-def rm_score(model, rm_tok, examples, texts, cfg: OnlineConfig, device, backend: Backend = AUTO) -> torch.Tensor:
-    """The reward model's scores, re-tokenised with its own tokenizer (it may differ from the policy's)."""
-    from nanorl.reward_model import rm_scores
-
-    group_size, out = cfg.samples_per_prompt, []
-    rows = [
-        encode_reply(rm_tok, examples[i // group_size].prompt, t, cfg.system_prompt, 4096)[:2]
-        for i, t in enumerate(texts)
-    ]
-    for part in chunks(rows, cfg.micro_batch_size):
-        out.append(
-            rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device, backend).cpu()
-        )
-    return torch.cat(out)
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> list[int]:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from nanorl import distributed
 from nanorl.backends import Backend
 from nanorl.config import RMConfig
-from nanorl.data import chunks, left_pad
+from nanorl.data import chunks, encode_reply, left_pad
 from nanorl.hub import is_sequence_classifier
 from nanorl.logprobs import AUTO
 from nanorl.models import check_tokenizer, is_adapter, load_model
@@ -83,6 +83,21 @@ def rm_scores(model, prompts, replies, pad_id, device, backend: Backend = AUTO) 
     """Reward of each (prompt, reply): the head at the last token (b,)."""
     h, _ = _hidden(model, prompts, replies, pad_id, device, backend)
     return _inner(model).score(h[:, -1]).squeeze(-1).float()
+
+
+@torch.no_grad()
+def rm_score(model, rm_tok, examples, texts, cfg, device, backend: Backend = AUTO) -> torch.Tensor:
+    """The reward model's scores, re-tokenised with its own tokenizer (it may differ from the policy's)."""
+    group_size, out = cfg.samples_per_prompt, []
+    rows = [
+        encode_reply(rm_tok, examples[i // group_size].prompt, t, cfg.system_prompt, 4096)[:2]
+        for i, t in enumerate(texts)
+    ]
+    for part in chunks(rows, cfg.micro_batch_size):
+        out.append(
+            rm_scores(model, [p for p, _ in part], [r for _, r in part], rm_tok.pad_token_id, device, backend).cpu()
+        )
+    return torch.cat(out)
 
 
 def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUTO) -> torch.Tensor:
