@@ -182,6 +182,7 @@ class OnlineConfig(OptimConfig, SamplingConfig, TaskConfig, ScaleConfig, RunConf
     kl_coef: float = _f(0.0, "weight of the KL to a frozen reference model (0 = no reference model loaded)")
     kl_estimator: str = _f("k3", "KL estimator (losses.kl_penalty says which gradient each gives)")
     eval_k: int = _f(1, "also report pass@k with k samples per held-out prompt (1 = greedy only)")
+    log_completions: bool = _f(False, "samples.jsonl gets every completion of each step (false: two a step)")
 
 
 @dataclass

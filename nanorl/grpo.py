@@ -212,7 +212,7 @@ def train(
             **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
             **(agent.metrics(roll) if agent else {}),  # episodes: turns, tool calls, model and tool tokens
         }
-        samples = online.sample_records(examples, texts, rewards, roll, group_size)
+        samples = online.sample_records(examples, texts, rewards, roll, group_size, cfg.log_completions)
         last, bad_steps = online.end_of_step(step + 1, metrics, samples, cfg, logger, evaluate, save, last, bad_steps)
 
     # ------------------------------------------------------------------ finish

@@ -262,9 +262,10 @@ def time_metrics(timer: dict, t0: float, t2: float, t3: float, trained_tokens: i
     }
 
 
-def sample_records(examples, texts, rewards, roll, group_size: int) -> list[dict]:
-    """A couple of the step's completions with their rewards, for samples.jsonl; an episode's with every turn."""
-    rows = range(0, len(texts), group_size * max(1, len(examples) // 2))
+def sample_records(examples, texts, rewards, roll, group_size: int, every: bool = False) -> list[dict]:
+    """A couple of the step's completions (or `every` one) with their rewards, for samples.jsonl; an episode's with
+    every turn."""
+    rows = range(len(texts)) if every else range(0, len(texts), group_size * max(1, len(examples) // 2))
     return [
         {
             "prompt": examples[i // group_size].prompt,

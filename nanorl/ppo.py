@@ -196,7 +196,7 @@ def train(cfg: PPOConfig, task=None, *, reward_funcs=None, callbacks=()) -> dict
             "ppo/epochs_run": epochs_run,
             **online.time_metrics(timer, t0, t2, t3, sums["tokens"], t_start),
         }
-        samples = online.sample_records(examples, texts, rewards, roll, group_size)
+        samples = online.sample_records(examples, texts, rewards, roll, group_size, cfg.log_completions)
         last, bad_steps = online.end_of_step(step + 1, metrics, samples, cfg, logger, evaluate, save, last, bad_steps)
 
     # ------------------------------------------------------------------ finish

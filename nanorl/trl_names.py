@@ -93,7 +93,6 @@ DIFFERENT = {
     "on it: set minibatch_size (and epochs)",
     "push_to_hub": "nanorl does not upload; the final folder (out_dir/model) is hub-ready: `hf upload NAME "
     "out_dir/model`",
-    "log_completions": "each step's samples go to samples.jsonl in the run folder (nanorl report shows them)",
     "run_name": "the run is named by its out_dir (W&B: WANDB_NAME / WANDB_PROJECT)",
     "per_device_eval_batch_size": "evaluation samples every held-out prompt in batches of its own",
     "optim": "the optimizer is AdamW (fused) with adam_beta1, adam_beta2, adam_epsilon and weight_decay",

@@ -13,7 +13,7 @@
 # with no clear trend; the sampled guesses stay next to the previous one. Next: N_SFT=1000 or more.
 set -euo pipefail
 out=${1:-runs/guess}
-n_sft=${N_SFT:-256}
+n_sft=${N_SFT:-700}
 mkdir -p "$out"
 python - "$out/sft.jsonl" "$n_sft" <<'PY'
 import json, random, sys
@@ -38,8 +38,8 @@ with open(sys.argv[1], "w") as f:
             f.write(json.dumps({"messages": messages}) + "\n")
 PY
 wc -l "$out/sft.jsonl"
-nanorl sft --data "$out/sft.jsonl" --task '' --max-length 640 --epochs 1 --batch-size 16 --eval-every 100 \
-  --out-dir "$out/sft"
-[ "${STEPS:-24}" = 0 ] && exit 0  # the warm-up only
-nanorl train --model "$out/sft/model" --task guess --steps ${STEPS:-24} --prompts-per-step 4 --samples-per-prompt 8 \
-  --lr 1e-5 --eval-every 12 --eval-size 50 --max-new-tokens 256 --out-dir "$out/grpo"  # step 0: the warm-up model
+nanorl sft --data "$out/sft.jsonl" --task '' --max-length 640 --epochs 1 --batch-size 8 --lr 5e-5 --warmup-steps 5 \
+  --eval-fraction 0.05 --eval-every 1000 --out-dir "$out/sft"
+[ "${STEPS:-12}" = 0 ] && exit 0  # the warm-up only
+nanorl train --model "$out/sft/model" --task guess --steps ${STEPS:-12} --prompts-per-step 4 --samples-per-prompt 8 \
+  --lr 2e-5 --eval-every 6 --eval-size 50 --max-new-tokens 256 --out-dir "$out/grpo"  # step 0: the warm-up model

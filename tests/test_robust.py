@@ -163,14 +163,22 @@ def test_tensorboard_and_wandb_offline_receive_the_metrics(tmp_path, monkeypatch
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    train(GRPOConfig(out_dir=str(tmp_path), **{**SMALL, "report_to": "tensorboard,wandb", "eval_every": 3}), toy_task())
+    monkeypatch.setenv("WANDB_PROJECT", "mine")
+    base = {**SMALL, "report_to": "tensorboard,wandb", "eval_every": 3, "save_every": 2, "log_completions": True}
+    train(GRPOConfig(out_dir=str(tmp_path), **base), toy_task())
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("eval/greedy_acc")][-1] == 3
+    assert [e.step for e in events.Tensors("completions/text_summary")] == [1, 2, 3]  # every completion, a table
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 * SMALL["prompts_per_step"] * SMALL["samples_per_prompt"]  # log_completions: all
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(runs) == 1 and runs[0].stat().st_size > 0
+    run_id = (tmp_path / "wandb_run_id").read_text()
+    assert len(runs) == 1 and runs[0].stat().st_size > 0 and runs[0].name == f"run-{run_id}.wandb"
     assert wandb.run is None  # the run was finished
+    train(GRPOConfig(out_dir=str(tmp_path), **{**base, "steps": 4, "resume": True}), toy_task())
+    assert (tmp_path / "wandb_run_id").read_text() == run_id  # the resumed run goes on in the same W&B run
 
 
 def _same_run(a, b):

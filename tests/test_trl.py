@@ -221,7 +221,6 @@ def test_trl_names_nanorl_lacks_get_their_own_answer_never_a_near_miss_of_anothe
         "eval_strategy": "every eval_every steps",
         "warmup_ratio": "set warmup_steps",
         "generation_kwargs": "sampling keys are temperature",
-        "log_completions": "samples.jsonl",
         "push_to_hub": "hub-ready",
     }
     for name, answer in answers.items():

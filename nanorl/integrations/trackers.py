@@ -4,13 +4,18 @@
     nanorl train --report-to console,tensorboard      # RUN/tensorboard/, then `tensorboard --logdir RUN`
     WANDB_MODE=offline nanorl train --report-to wandb # RUN/wandb/ (offline: `wandb sync` it later)
 
-Each takes the step's metrics as they are written to metrics.jsonl (numbers only) and the evaluations.
+Each takes the step's metrics as they are written to metrics.jsonl (numbers only), the evaluations, and the
+step's completions as samples.jsonl gets them (all of them with --log_completions true): a text table in TensorBoard,
+a `completions` table in W&B. W&B's project and run name come from WANDB_PROJECT / WANDB_NAME (else "nanorl" and
+the run folder's name), and a resumed run (--resume true) continues the same W&B run (its id is kept in the folder).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import uuid
 from pathlib import Path
 
 
@@ -22,6 +27,19 @@ class _Tracker:
 
     def rewind(self, step: int) -> None:
         pass  # a tracker keeps what it was sent; a resumed run logs the redone steps again
+
+
+COLUMNS = ("prompt", "completion", "reward")
+
+
+def _rows(records: list[dict]) -> list[list]:
+    """A step's samples as table rows: prompt (chat messages as text), completion, reward."""
+    return [[str(r.get("prompt", "")), str(r.get("completion", "")), float(r.get("reward", 0.0))] for r in records]
+
+
+def _markdown(row) -> str:
+    """A markdown table row (TensorBoard renders text as markdown)."""
+    return " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in row)
 
 
 def _numbers(metrics: dict) -> dict:
@@ -45,6 +63,10 @@ class TensorBoardLogger(_Tracker):
     def log_eval(self, metrics: dict, step: int) -> None:
         self.log(metrics, step)
 
+    def log_samples(self, records: list[dict], step: int) -> None:
+        table = "\n".join([_markdown(COLUMNS), _markdown(["---"] * 3), *map(_markdown, _rows(records))])
+        self.writer.add_text("completions", table, step)
+
     def close(self) -> None:
         self.writer.close()
 
@@ -56,11 +78,15 @@ class WandbLogger(_Tracker):
         except ImportError:
             raise ImportError("report_to wandb needs wandb: pip install wandb") from None
         self.wandb = wandb
+        saved = Path(out_dir) / "wandb_run_id"  # a resumed run goes on in the same W&B run
+        run_id = saved.read_text().strip() if append and saved.is_file() else uuid.uuid4().hex[:12]
+        saved.write_text(run_id)
         self.run = wandb.init(
-            project="nanorl",
-            name=Path(out_dir).name,
+            project=os.environ.get("WANDB_PROJECT", "nanorl"),
+            name=os.environ.get("WANDB_NAME", Path(out_dir).name),
+            id=run_id,
             dir=str(out_dir),
-            resume="allow" if append else None,
+            resume="allow",
             config=dataclasses.asdict(config) if config is not None else None,
         )
 
@@ -69,6 +95,9 @@ class WandbLogger(_Tracker):
 
     def log_eval(self, metrics: dict, step: int) -> None:
         self.run.log(_numbers(metrics), step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        self.run.log({"completions": self.wandb.Table(columns=list(COLUMNS), data=_rows(records))}, step=step)
 
     def close(self) -> None:
         self.run.finish()
