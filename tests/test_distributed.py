@@ -147,6 +147,7 @@ def run(tmp_path, name: str, args: list[str], procs: int, torchrun: bool = False
     return out
 
 
+@pytest.mark.parametrize("case", list(CASES))
 def test_two_processes_train_as_one(tmp_path, case):
     run(tmp_path, "one", CASES[case], 1)
     run(tmp_path, "two", CASES[case], 2)
