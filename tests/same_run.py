@@ -27,7 +27,8 @@ def assert_same_run(
             one, two = (load_file(tmp_path / run / model / "model.safetensors") for run in ("one", other))
             assert one.keys() == two.keys(), (other, model)
             for k in one:
-                torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=atol, msg=f"{other}/{model}: {k}")
+                where = f"{other}/{model}: {k}"
+                torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=atol, msg=lambda m, w=where: f"{w}: {m}")
         m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / other)
         assert [m["step"] for m in m2] == list(range(1, steps + 1))  # one line per step: only the main process writes
         assert m1[0]["optim/grad_norm"] > 0  # it trained

@@ -218,7 +218,7 @@ def digits(completions, **kw):  # a reward the tiny random model's samples diffe
 def test_torchrun_ranks_sample_their_shares_on_engines_and_on_one_server(engine, server, tmp_path):
     """Two processes with an engine each, and two processes sharing one server (rank 0 sends the weights), under ddp
     and fsdp, train as one process with its engine: the same metrics and final weights (test_distributed.py's check;
-    Adam's first steps divide by each gradient's own size, so sums in another order move weights by up to 3e-6)."""
+    Adam's first steps divide by each gradient's own size, so sums in another order move a weight by up to 1.6e-5)."""
     from same_run import assert_same_run
 
     (tmp_path / "r.py").write_text(REWARD)
@@ -239,7 +239,8 @@ def test_torchrun_ranks_sample_their_shares_on_engines_and_on_one_server(engine,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_run(tmp_path, ["model"], 1e-5, steps=2, others=runs.keys() - {"one"}, metrics_atol=1e-6)  # 3e-6 seen
+    # Adam's first steps at lr 3e-3: 3e-6 seen on an Intel Xeon, 1.6e-5 on an AMD EPYC (one element of 32,768)
+    assert_same_run(tmp_path, ["model"], 5e-5, steps=2, others=runs.keys() - {"one"}, metrics_atol=1e-6)
 
 
 def multiply(a: int, b: int) -> int:
