@@ -54,11 +54,12 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     model = distributed.shard(trainable(model, cfg, "CAUSAL_LM" if load is load_model else "SEQ_CLS"), cfg).eval()
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
     if distributed.is_main():
-        source = {"_model_source": model_source(cfg.model)} if model_source(cfg.model) else {}  # a GGUF: dequantized
-        (out / "config.json").write_text(json.dumps({**to_dict(cfg), **source}, indent=2))
+        source = model_source(cfg.model)  # a GGUF's weights: dequantized, not the hub checkpoint's
+        notes = {"_model_source": source} if source else {}
+        (out / "config.json").write_text(json.dumps({**to_dict(cfg), **notes}, indent=2))
         print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
         if source:
-            print(f"[nanorl] model {cfg.model}: {source['_model_source']}")
+            print(f"[nanorl] model {cfg.model}: {source}")
     return model, tok, device, backend, logger
 
 
