@@ -54,6 +54,7 @@ class ModelConfig:
     dtype: str = _f("auto", "auto: bf16-mixed on GPUs with bf16, else float32; bf16-mixed: fp32 weights, bf16 matmuls")
     backend: str = _f("auto", "auto: nanorl's CPU speed-ups where they apply; torch: plain PyTorch (NANORL_BACKEND)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
+    apply_chat_template: str = _f("auto", "string prompts: auto (built-in tasks' templated, data's as given: TRL)")
 
 
 @dataclass
@@ -282,6 +283,7 @@ CHOICES = {
     "lr_schedule": ("constant", "cosine", "linear"),
     "backend": ("auto", "torch"),
     "strategy": ("ddp", "fsdp"),
+    "apply_chat_template": ("auto", "always", "never"),
     "vllm_mode": ("colocate", "server"),
     "algo": tuple(PRESETS),
     "loss": ("sigmoid", "ipo", "hinge"),
@@ -290,15 +292,11 @@ CHOICES = {
 # What each key allows, for every config that has it: a test of the value, and what to say when it fails.
 AT_LEAST_1, NOT_NEGATIVE, POSITIVE = (lambda v: v >= 1, ">= 1"), (lambda v: v >= 0, ">= 0"), (lambda v: v > 0, "> 0")
 RULES = {
-    **dict.fromkeys(
-        "steps prompts_per_step samples_per_prompt max_new_tokens epochs micro_batch_size".split(), AT_LEAST_1
-    ),
-    **dict.fromkeys("max_length batch_size eval_every eval_size k eval_k keep_last".split(), AT_LEAST_1),
+    **dict.fromkeys("steps prompts_per_step samples_per_prompt max_new_tokens micro_batch_size".split(), AT_LEAST_1),
+    **dict.fromkeys("epochs max_length batch_size eval_every eval_size k eval_k keep_last".split(), AT_LEAST_1),
     **dict.fromkeys("max_bad_steps warmup_steps save_every top_k kl_coef weight_decay grad_clip".split(), NOT_NEGATIVE),
-    **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef".split(), NOT_NEGATIVE),
-    **dict.fromkeys(
-        "dynamic_sampling lora_r max_tool_calls max_episode_tokens vllm_max_model_length".split(), NOT_NEGATIVE
-    ),
+    **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef lora_r".split(), NOT_NEGATIVE),
+    **dict.fromkeys("dynamic_sampling max_tool_calls max_episode_tokens vllm_max_model_length".split(), NOT_NEGATIVE),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout adam_epsilon".split(), POSITIVE),
     **dict.fromkeys("gamma gae_lambda lr_min_ratio".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),

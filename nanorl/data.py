@@ -14,9 +14,15 @@ from dataclasses import dataclass
 import torch
 
 
+class Text(str):
+    """A prompt read as it is, without the chat template (TRL's standard format: a data file's plain strings)."""
+
+    note = "as given, no chat template (TRL's standard format)"  # config.json's _prompts, the console
+
+
 def render_prompt(tok, prompt, system_prompt: str = "") -> list[int]:
-    """Token ids of a prompt (a string or chat messages) ready for the assistant's reply."""
-    if getattr(tok, "chat_template", None):
+    """Token ids of a prompt (a string, chat messages, or a Text) ready for the assistant's reply."""
+    if getattr(tok, "chat_template", None) and not isinstance(prompt, Text):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if system_prompt and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system_prompt}] + messages

@@ -47,9 +47,11 @@ def pair_logprobs(model, rows, pad_id, device, micro: int, backend=AUTO) -> torc
 
 def train(cfg: DPOConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
-    train_pairs, eval_pairs = read_pairs(cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed)
+    train_pairs, eval_pairs = read_pairs(
+        cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed, cfg.apply_chat_template
+    )
     task = task_from_config(cfg) if cfg.task else None
-    policy, tok, device, backend, logger = setup(cfg, "dpo")
+    policy, tok, device, backend, logger = setup(cfg, "dpo", prompts=train_pairs)
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.config import OfflineConfig, to_dict, validate
-from nanorl.data import chunks
+from nanorl.data import Text, chunks
 from nanorl.evaluate import evaluate
 from nanorl.hub import model_source
 from nanorl.learner import count_bad_steps, make_optimizer, optimizer_step
@@ -35,9 +35,10 @@ from nanorl.sampling import LocalSampler, SamplingParams
 from nanorl.seeds import derive_seed
 
 
-def setup(cfg: OfflineConfig, name: str, load=load_model):
+def setup(cfg: OfflineConfig, name: str, load=load_model, prompts=()):
     """Validate, seed, open the run folder, load the model on its device: `load(cfg.model)`, or with cfg.resume
-    the weights of out_dir/checkpoint, which check_resume has found. -> model, tok, device, backend, logger."""
+    the weights of out_dir/checkpoint, which check_resume has found; config.json says whether the rows' prompts
+    (Pairs) go through the chat template. -> model, tok, device, backend, logger."""
     validate(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -55,11 +56,13 @@ def setup(cfg: OfflineConfig, name: str, load=load_model):
     logger = make_logger(out, cfg.report_to, append=resuming, config=cfg)
     if distributed.is_main():
         source = model_source(cfg.model)  # a GGUF's weights: dequantized, not the hub checkpoint's
-        notes = {"_model_source": source} if source else {}
+        text = Text.note if any(isinstance(p.prompt, Text) for p in prompts) else ""
+        notes = {k: v for k, v in (("_model_source", source), ("_prompts", text)) if v}
         (out / "config.json").write_text(json.dumps({**to_dict(cfg), **notes}, indent=2))
         print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
-        if source:
-            print(f"[nanorl] model {cfg.model}: {source}")
+        for what, v in ((f"model {cfg.model}", source), ("prompts", text)):
+            if v:
+                print(f"[nanorl] {what}: {v}")
     return model, tok, device, backend, logger
 
 

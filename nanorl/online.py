@@ -27,7 +27,7 @@ from nanorl import checkpoint, distributed
 from nanorl.backends import Backend, select_backend
 from nanorl.checkpoint import check_resume
 from nanorl.config import OnlineConfig, to_dict, validate
-from nanorl.data import render_prompt
+from nanorl.data import Text, render_prompt
 from nanorl.errors import ConfigError
 from nanorl.evaluate import evaluate
 from nanorl.hub import model_source
@@ -161,7 +161,8 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     if not distributed.is_main():
         return
     source = model_source(cfg.model)  # a GGUF's weights: dequantized, not the hub checkpoint's
-    notes = {k: v for k, v in (("_held_out", task.held_out), ("_model_source", source)) if v}  # _: where from
+    text = Text.note if isinstance(task.train[0].prompt, Text) else ""
+    notes = {k: v for k, v in (("_held_out", task.held_out), ("_model_source", source), ("_prompts", text)) if v}
     (out / "config.json").write_text(json.dumps({**to_dict(cfg), **notes}, indent=2))  # the logger made the folder
     policy = models["policy"]
     memory = ", ".join(
@@ -172,7 +173,7 @@ def describe(cfg: OnlineConfig, name: str, task: Task, models: dict, device, bac
     print(f"[nanorl] {name} config: {json.dumps(to_dict(cfg))}")
     print(
         f"[nanorl] task '{task.name}': {len(task.train)} train / {len(task.eval)} held-out prompts"
-        f"{f' (held out: {task.held_out})' if task.held_out else ''}; model "
+        f"{f' (held out: {task.held_out})' if task.held_out else ''}{f', prompts {text}' if text else ''}; model "
         f"{cfg.model}{f' ({source})' if source else ''} ({sum(p.numel() for p in policy.parameters()) / 1e6:.0f}M "
         f"params) on {device} {next(policy.parameters()).dtype}"
         f"{f' with {backend.autocast} autocast' if backend.autocast else ''}; weights per process: {memory}"

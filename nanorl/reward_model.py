@@ -113,8 +113,10 @@ def token_values(model, prompts, replies, pad_id, device, backend: Backend = AUT
 
 def train(cfg: RMConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
-    train_pairs, eval_pairs = read_pairs(cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed)
-    model, tok, device, backend, logger = setup(cfg, "rm", load=load_reward_model)
+    train_pairs, eval_pairs = read_pairs(
+        cfg.data if data is None else data, "preference", cfg.eval_fraction, cfg.seed, cfg.apply_chat_template
+    )
+    model, tok, device, backend, logger = setup(cfg, "rm", prompts=train_pairs, load=load_reward_model)
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_rows(tok, train_pairs, cfg), encode_rows(tok, eval_pairs, cfg)

@@ -39,9 +39,11 @@ def reply_nll(model, rows, pad_id, device, backend=AUTO):
 
 def train(cfg: SFTConfig, data=None) -> dict:  # data: a datasets.Dataset from Python, else cfg.data
     # ------------------------------------------------------------------ setup
-    train_data, eval_data = read_pairs(cfg.data if data is None else data, "sft", cfg.eval_fraction, cfg.seed)
+    train_data, eval_data = read_pairs(
+        cfg.data if data is None else data, "sft", cfg.eval_fraction, cfg.seed, cfg.apply_chat_template
+    )
     task = task_from_config(cfg) if cfg.task else None
-    model, tok, device, backend, logger = setup(cfg, "sft")
+    model, tok, device, backend, logger = setup(cfg, "sft", prompts=train_data)
     pad = tok.pad_token_id
 
     train_rows, eval_rows = encode_sft(tok, train_data, cfg), encode_sft(tok, eval_data, cfg)  # replies as "chosen"

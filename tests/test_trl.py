@@ -600,3 +600,51 @@ def test_a_batched_reward_returning_numpy_scores_in_one_call():
         rows, ["a", "bb", "ccc"]
     )
     assert parts == {"len": [1.0, 2.0, 3.0]} and total == [1.0, 2.0, 3.0] and calls == [3]
+
+
+def test_string_prompts_are_read_as_given_as_trl_reads_its_standard_format(tmp_path, capsys):
+    """TRL applies the chat template to conversational prompts only: a data file's plain-string prompt is tokenized
+    as it is (GRPO, and SFT / DPO rows alike). apply_chat_template always / never forces either; built-in tasks keep
+    the template (their prompts are written for chat models); the run says which in config.json and on the console."""
+    from nanorl.data import Text, encode_reply, render_prompt
+    from nanorl.hub import tiny_model_and_tokenizer
+    from nanorl.tasks.preferences import read_pairs
+
+    tok = tiny_model_and_tokenizer()[1]
+    assert tok.chat_template
+    plain, chat = render_prompt(tok, Text("2 + 2 =")), render_prompt(tok, "2 + 2 =")
+    assert plain == tok("2 + 2 =")["input_ids"] and chat != plain  # TRL: processing_class(text=prompts)
+    text = tok.apply_chat_template([{"role": "user", "content": "2 + 2 ="}], add_generation_prompt=True, tokenize=False)
+    assert chat == tok(text, add_special_tokens=False)["input_ids"]
+    assert encode_reply(tok, Text("2 + 2 ="), " 4", "", 64)[0] == plain
+
+    rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(20)]
+    rows += [{"prompt": [{"role": "user", "content": "1 + 1 ="}], "answer": "2"}]
+    _write(tmp_path / "train.jsonl", rows)
+    data = str(tmp_path / "train.jsonl")
+    kinds = lambda task: {type(ex.prompt).__name__ for ex in task.train + task.eval}  # noqa: E731
+    assert kinds(get_task(data, eval_size=4)) == {"Text", "list"}  # strings as given, messages templated
+    assert kinds(get_task(data, eval_size=4, apply_chat_template="always")) == {"str", "list"}
+    assert kinds(get_task("arithmetic", eval_size=4)) == {"str"}  # a built-in task: through the template
+    assert kinds(get_task("arithmetic", eval_size=4, apply_chat_template="never")) == {"Text"}
+    with pytest.raises(ConfigError, match="'apply_chat_template': 'never', but a prompt is chat messages"):
+        get_task(data, eval_size=4, apply_chat_template="never")
+    with pytest.raises(ConfigError, match="'apply_chat_template': expected auto|always|never"):
+        from_dict(GRPOConfig, {"apply_chat_template": "yes"})
+
+    sft = tmp_path / "sft.jsonl"
+    _write(sft, [{"prompt": f"{i} + 1 =", "completion": f" {i + 1}"} for i in range(10)])
+    assert {type(p.prompt) for p in read_pairs(str(sft), "sft")[0]} == {Text}
+    assert {type(p.prompt) for p in read_pairs(str(sft), "sft", template="always")[0]} == {str}
+    assert {type(p.prompt) for p in read_pairs("builtin:arithmetic", "preference")[0]} == {str}
+
+    out = tmp_path / "run"
+    args = ["--model", "tiny", "--task", data, "--steps", "1", "--eval-size", "4", "--max-new-tokens", "4"]
+    main(["train", *args, "--prompts-per-step", "2", "--samples-per-prompt", "2", "--out-dir", str(out)])
+    assert json.loads((out / "config.json").read_text())["_prompts"] == Text.note
+    assert f"prompts {Text.note}" in capsys.readouterr().out
+    main(["sft", "--model", "tiny", "--data", str(sft), "--task", "", "--out-dir", str(tmp_path / "s")])
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["_prompts"] == Text.note
+    assert f"[nanorl] prompts: {Text.note}" in capsys.readouterr().out
+    main(["train", *args[:3], "arithmetic", *args[4:], "--prompts-per-step", "2", "--out-dir", str(tmp_path / "a")])
+    assert "_prompts" not in json.loads((tmp_path / "a" / "config.json").read_text())

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from nanorl.data import Text
 from nanorl.errors import ConfigError, RewardSetupError
 from nanorl.tasks.builtin import builtin_task, load_reward  # load_reward: a reward by name, module or file
 from nanorl.tasks.rewards import as_reward
@@ -124,28 +125,11 @@ class Task:
                     pass  # a completion broke the batch: each is scored alone below
             for i, (ex, completion) in enumerate(zip(examples, completions) if values is None else ()):
                 values = [] if i == 0 else values
+                one = {**ctx, "episodes": {k: v[i : i + 1] for k, v in episodes.items()}} if "episodes" in ctx else ctx
                 try:
-                    values.append(
-                        _value(
-                            batch(
-                                [ex.prompt],
-                                [completion],
-                                [ex.fields],
-                                completion_ids and completion_ids[i : i + 1],
-                                **{
-                                    **ctx,
-                                    **(
-                                        {"episodes": {k: v[i : i + 1] for k, v in episodes.items()}}
-                                        if "episodes" in ctx
-                                        else {}
-                                    ),
-                                },
-                            )[0]
-                            if batch
-                            else fn(ex.prompt, completion, **ex.fields),
-                            bool(batch),
-                        )
-                    )
+                    ids = completion_ids and completion_ids[i : i + 1]
+                    v = batch([ex.prompt], [completion], [ex.fields], ids, **one)[0] if batch else None
+                    values.append(_value(v if batch else fn(ex.prompt, completion, **ex.fields), bool(batch)))
                 except (RewardSetupError, ImportError, NameError) as e:  # not the sample's fault
                     raise RewardSetupError(f"reward '{name}' of task '{self.name}': {e}") from e
                 except Exception as e:
@@ -171,6 +155,10 @@ class Task:
         return self.score_parts(examples, completions, **context)[1]
 
 
+def _no_chat(prompt):
+    raise ConfigError(f"config key 'apply_chat_template': 'never', but a prompt is chat messages: {str(prompt)[:80]}")
+
+
 def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
     """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]; a list of
     functions (from Python) -> each with weight 1."""
@@ -190,11 +178,14 @@ def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
     return [(n if n not in names[:i] else f"{n}_{names[:i].count(n) + 1}", f, w) for i, (n, f, w) in enumerate(parts)]
 
 
-def get_task(name, *, reward: str = "", on_error: str = "raise", acc_threshold: float = 1.0, **options) -> Task:
+def get_task(name, *, reward="", on_error="raise", acc_threshold=1.0, apply_chat_template="auto", **options) -> Task:
     """A built-in task, or data (a file, folder, hub id, or datasets.Dataset), with builtin_task's `options`
     (digits, operators, eval_size, eval_data, seed, prompt_field, answer_field); a non-empty `reward` spec replaces the
-    task's own reward."""
-    task = builtin_task(name, **options)
+    task's own reward. String prompts go through the chat template, a data task's only with apply_chat_template
+    'always' (TRL reads a plain string as it is), none with 'never' (chat messages are then refused)."""
+    task = builtin_task(name, chat=apply_chat_template == "always", **options)
+    for ex in task.train + task.eval if apply_chat_template == "never" else ():
+        ex.prompt = Text(ex.prompt) if isinstance(ex.prompt, str) else _no_chat(ex.prompt)
     if reward:  # a spec, or reward functions from Python
         task.reward = parse_reward_spec(reward)
     task.on_error, task.acc_threshold = on_error, acc_threshold
@@ -216,4 +207,5 @@ def task_from_config(cfg, source=None, reward=None) -> Task:
         answer_field=cfg.answer_field,
         on_error=cfg.reward_errors,
         acc_threshold=cfg.acc_threshold,
+        apply_chat_template=cfg.apply_chat_template,
     )

@@ -117,11 +117,15 @@ def file_task(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     eval_data="",
+    chat: bool = False,
 ) -> Task:
     """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field` is also
     passed to the reward as `answer`. The held-out set (its first eval_size rows) is `eval_data` (another source:
     its test split, or its rows), else the source's test/validation split, else eval_size rows (at most half) cut
-    from the training rows after a shuffle with `seed`; Task.held_out says which (console, config.json)."""
+    from the training rows after a shuffle with `seed`; Task.held_out says which (console, config.json). A string
+    prompt is read as it is (data.Text: TRL's standard format), or as one user message of the chat template with
+    `chat`; chat messages always go through the template."""
+    from nanorl.data import Text
     from nanorl.errors import ConfigError
     from nanorl.tasks import Example, Task, parse_reward_spec
 
@@ -145,7 +149,7 @@ def file_task(
             prompt = row.pop(prompt_field)
             if answer_field != "answer" and answer_field in row:
                 row["answer"] = row[answer_field]
-            out.append(Example(prompt, row))
+            out.append(Example(Text(prompt) if isinstance(prompt, str) and not chat else prompt, row))
         return out
 
     train = examples(rows, "train")

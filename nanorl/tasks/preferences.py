@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanorl.data import encode_reply
+from nanorl.data import Text, encode_reply
 from nanorl.errors import ConfigError
 
 BUILTIN = {"builtin:arithmetic": Path(__file__).with_name("data") / "arithmetic_prefs.jsonl"}
@@ -85,24 +85,39 @@ def reply(row: dict, where: str) -> Pair:
     )
 
 
-def _parsed(source, kind: str) -> tuple[list[Pair], list[Pair] | None]:
+def plain_prompts(pairs: list[Pair], template: str, builtin: bool) -> list[Pair]:
+    """TRL's standard format: a data file's string prompts are read as they are (data.Text, no chat template) unless
+    apply_chat_template is 'always'; with 'never' every string prompt is, and chat messages are refused."""
+    for p in pairs if template == "never" or (template == "auto" and not builtin) else ():
+        if template == "never" and (p.turns or isinstance(p.prompt, list)):
+            raise ConfigError("config key 'apply_chat_template': 'never', but the rows hold chat messages")
+        p.prompt = Text(p.prompt) if isinstance(p.prompt, str) else p.prompt
+    return pairs
+
+
+def _parsed(source, kind: str, template: str = "auto") -> tuple[list[Pair], list[Pair] | None]:
     """(training Pairs, held-out Pairs or None) of `kind` 'preference' or 'sft' data; errors name the source,
     the row and the field."""
     from nanorl.tasks.files import load_rows
 
     what = {"preference": "preference data", "sft": "SFT data"}[kind]
     rows, held = load_rows(BUILTIN.get(str(source), source), what)
-    parse = preference if kind == "preference" else reply
+    parse, builtin = preference if kind == "preference" else reply, str(source) in BUILTIN
     return (
-        [parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)],
-        None if held is None else [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)],
+        plain_prompts([parse(row, f"{source}: row {n}") for n, row in enumerate(rows, 1)], template, builtin),
+        None
+        if held is None
+        else plain_prompts(
+            [parse(row, f"{source}: held-out row {n}") for n, row in enumerate(held, 1)], template, builtin
+        ),
     )
 
 
-def read_pairs(source, kind: str, eval_fraction: float = 0.2, seed: int = 0) -> tuple[list[Pair], list[Pair]]:
+def read_pairs(source, kind: str, eval_fraction=0.2, seed=0, template="auto") -> tuple[list[Pair], list[Pair]]:
     """(train, held-out) Pairs of `kind` 'preference' or 'sft' data: the source's test/validation split is the
-    held-out set when it has one, else a seeded eval_fraction of the rows (see `split`)."""
-    pairs, held = _parsed(source, kind)
+    held-out set when it has one, else a seeded eval_fraction of the rows (see `split`). `template`
+    (apply_chat_template): how string prompts are read, see `plain_prompts`."""
+    pairs, held = _parsed(source, kind, template)
     if held is not None:
         return pairs, held
     if len(pairs) < 2:
