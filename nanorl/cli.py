@@ -47,7 +47,9 @@ def eval_main(cfg: EvalConfig) -> None:
     model.eval()
     sampler = make_sampler(cfg, model, tok, stop_token_ids(model, tok), backend)
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
-    metrics, samples = evaluate(sampler, tok, task, params, cfg.k, cfg.system_prompt, agent=agent)
+    metrics, samples = evaluate(
+        sampler, tok, task, params, cfg.k, cfg.system_prompt, agent=agent, t=cfg.eval_temperature
+    )
     print(json.dumps(metrics, indent=2))
     if cfg.out:
         with open(cfg.out, "w") as f:

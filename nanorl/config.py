@@ -125,6 +125,7 @@ class SamplingConfig:
     temperature: float = _f(1.0, "sampling temperature (the policy is softmax(logits / T))")
     top_p: float = _f(1.0, "nucleus sampling threshold (1.0 = off)")
     top_k: int = _f(0, "top-k sampling (0 = off)")
+    eval_temperature: float = _f(0.0, "held-out evaluation: 0 = greedy; > 0 = sampled at it (TRL: at temperature)")
 
 
 # ---------------------------------------------------------------------------- one config per command
@@ -294,9 +295,11 @@ AT_LEAST_1, NOT_NEGATIVE, POSITIVE = (lambda v: v >= 1, ">= 1"), (lambda v: v >=
 RULES = {
     **dict.fromkeys("steps prompts_per_step samples_per_prompt max_new_tokens micro_batch_size".split(), AT_LEAST_1),
     **dict.fromkeys("epochs max_length batch_size eval_every eval_size k eval_k keep_last".split(), AT_LEAST_1),
-    **dict.fromkeys("max_bad_steps warmup_steps save_every top_k kl_coef weight_decay grad_clip".split(), NOT_NEGATIVE),
-    **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef lora_r".split(), NOT_NEGATIVE),
-    **dict.fromkeys("dynamic_sampling max_tool_calls max_episode_tokens vllm_max_model_length".split(), NOT_NEGATIVE),
+    **dict.fromkeys("rm_weight rule_weight value_clip target_kl entropy_coef lora_r grad_clip".split(), NOT_NEGATIVE),
+    **dict.fromkeys("dynamic_sampling max_tool_calls max_episode_tokens eval_temperature top_k".split(), NOT_NEGATIVE),
+    **dict.fromkeys(
+        "max_bad_steps warmup_steps save_every kl_coef weight_decay vllm_max_model_length".split(), NOT_NEGATIVE
+    ),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout adam_epsilon".split(), POSITIVE),
     **dict.fromkeys("gamma gae_lambda lr_min_ratio".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),

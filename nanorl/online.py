@@ -285,9 +285,10 @@ def sample_records(examples, texts, rewards, roll, group_size: int, every: bool 
 def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, step: int, agent=None) -> dict:
     """Held-out greedy accuracy (and pass@k): logged to eval.jsonl, greedy completions to eval_samples.jsonl. With
     an agent, of whole episodes."""
+    params, t = sampling_params(cfg), cfg.eval_temperature  # steps: a TRL reward's trainer_state
     metrics, samples = evaluate(
-        sampler, tok, task, sampling_params(cfg), cfg.eval_k, cfg.system_prompt, step=step, steps=cfg.steps, agent=agent
-    )  # steps: a TRL reward's trainer_state
+        sampler, tok, task, params, cfg.eval_k, cfg.system_prompt, step=step, steps=cfg.steps, agent=agent, t=t
+    )
     logger.log_eval(metrics, step)
     if distributed.is_main():
         (out / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -331,12 +332,13 @@ def end_of_step(
 
 def finish(cfg: OnlineConfig, out: Path, policy, tok, first: dict, last: dict, t_start: float, logger) -> dict:
     """Save the final model, write results.json (before / after), print the one-line summary."""
-    before = f"{first['eval/greedy_acc']:.1%} -> " if first else ""
-    after = f"{last.get('eval/greedy_acc', float('nan')):.1%}"
+    kind = f"sampled (temperature {cfg.eval_temperature:g})" if cfg.eval_temperature else "greedy"
+    key = "eval/sampled_acc" if cfg.eval_temperature else "eval/greedy_acc"
+    before, after = f"{first[key]:.1%} -> " if first else "", f"{last.get(key, float('nan')):.1%}"
 
     def summary(wall: float) -> str:
         return (
-            f"[nanorl] done: held-out greedy accuracy {before}{after} in {cfg.steps} steps, {wall / 60:.1f} min "
+            f"[nanorl] done: held-out {kind} accuracy {before}{after} in {cfg.steps} steps, {wall / 60:.1f} min "
             f"wall time; model saved to {out / 'model'}"
         )
 

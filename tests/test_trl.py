@@ -648,3 +648,39 @@ def test_string_prompts_are_read_as_given_as_trl_reads_its_standard_format(tmp_p
     assert f"[nanorl] prompts: {Text.note}" in capsys.readouterr().out
     main(["train", *args[:3], "arithmetic", *args[4:], "--prompts-per-step", "2", "--out-dir", str(tmp_path / "a")])
     assert "_prompts" not in json.loads((tmp_path / "a" / "config.json").read_text())
+
+
+def test_eval_temperature_samples_the_held_out_evaluation_and_says_so(tmp_path, capsys):
+    """nanorl evaluates greedily; TRL evaluates at its sampling temperature. eval_temperature > 0 samples max(k, 1)
+    completions per held-out prompt at it, from the evaluation's own seed: eval/sampled_acc (and pass@k) in place of
+    eval/greedy_acc, eval/temperature in the results, the first completion of each prompt in the samples."""
+    from nanorl.evaluate import evaluate
+    from nanorl.hub import tiny_model_and_tokenizer
+    from nanorl.models import stop_token_ids
+    from nanorl.sampling import LocalSampler, SamplingParams
+
+    model, tok = tiny_model_and_tokenizer()
+    sampler = LocalSampler(model.eval(), stop_token_ids(model, tok), tok.pad_token_id)
+    rows = [Example(f"{i} + {i} =", {"answer": str(2 * i)}) for i in range(6)]
+    task = Task("t", train=rows, eval=rows, reward=lambda prompt, completion, **f: float("a" in completion))
+    params = SamplingParams(8, temperature=1.0)
+    greedy, g_samples = evaluate(sampler, tok, task, params)
+    assert "eval/greedy_acc" in greedy and "eval/sampled_acc" not in greedy and "eval/temperature" not in greedy
+    hot, h_samples = evaluate(sampler, tok, task, params, t=5.0)
+    assert set(hot) == {"eval/sampled_acc", "eval/sampled_reward", "eval/len_mean", "eval/temperature"}
+    assert hot["eval/temperature"] == 5.0 and len(h_samples) == len(rows)
+    assert [s["completion"] for s in h_samples] != [s["completion"] for s in g_samples]  # sampled, not greedy
+    assert evaluate(sampler, tok, task, params, t=5.0)[1] == h_samples  # the evaluation's own seed: same draws
+    k3, k3_samples = evaluate(sampler, tok, task, params, k=3, t=5.0)
+    assert k3["eval/pass@3"] >= k3["eval/sampled_acc"] and len(k3_samples) == len(rows)
+    expected = [float("a" in s["completion"]) for s in k3_samples]
+    assert [s["reward"] for s in k3_samples] == expected
+
+    out = tmp_path / "run"
+    args = ["--model", "tiny", "--steps", "1", "--eval-size", "4", "--max-new-tokens", "4", "--eval-temperature", "0.7"]
+    main(["train", *args, "--prompts-per-step", "2", "--samples-per-prompt", "2", "--out-dir", str(out)])
+    evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+    assert all(e["eval/temperature"] == 0.7 and "eval/greedy_acc" not in e and "eval/sampled_acc" in e for e in evals)
+    assert "held-out sampled (temperature 0.7) accuracy" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="'eval_temperature': must be >= 0"):
+        from_dict(GRPOConfig, {"eval_temperature": -1})

@@ -17,6 +17,7 @@ from pathlib import Path
 SERIES = [
     ("metrics", "reward/mean", "train reward (mean)"),
     ("eval", "eval/greedy_acc", "held-out greedy accuracy"),
+    ("eval", "eval/sampled_acc", "held-out sampled accuracy"),
     ("eval", "eval/task_greedy_acc", "held-out task greedy accuracy"),
     ("eval", "eval/reward_acc", "held-out implicit-reward accuracy"),
     ("eval", "eval/pref_acc", "held-out preference accuracy"),
