@@ -34,7 +34,7 @@ TRAINERS = {
 def eval_main(cfg: EvalConfig) -> None:
     from nanorl.backends import select_backend
     from nanorl.evaluate import evaluate
-    from nanorl.models import load_model, resolve_device, stop_token_ids
+    from nanorl.models import load_model, resolve_device, stop_token_ids, with_chat_kwargs
     from nanorl.online import make_agent, make_sampler
     from nanorl.sampling import SamplingParams
     from nanorl.tasks import task_from_config
@@ -43,7 +43,7 @@ def eval_main(cfg: EvalConfig) -> None:
     agent = make_agent(cfg, task)[0]  # tools or an environment: whole episodes (agents/)
     device = resolve_device(cfg.device)
     backend, dtype = select_backend(cfg.backend, cfg.dtype, device)
-    model, tok = load_model(cfg.model, device, dtype)
+    model, tok = with_chat_kwargs(*load_model(cfg.model, device, dtype), cfg)
     model.eval()
     sampler = make_sampler(cfg, model, tok, stop_token_ids(model, tok), backend)
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)

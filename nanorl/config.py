@@ -10,8 +10,10 @@ model is loaded. Dashes and underscores are interchangeable on the command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
+import json
 import math
 import re
 import typing
@@ -54,6 +56,7 @@ class ModelConfig:
     dtype: str = _f("auto", "auto: bf16-mixed on GPUs with bf16, else float32; bf16-mixed: fp32 weights, bf16 matmuls")
     backend: str = _f("auto", "auto: nanorl's CPU speed-ups where they apply; torch: plain PyTorch (NANORL_BACKEND)")
     system_prompt: str = _f("", "system message for chat prompts ('' keeps the model's own default)")
+    chat_template_kwargs: str = _f("", "what the chat template reads, a JSON object: '{\"enable_thinking\": false}'")
     apply_chat_template: str = _f("auto", "string prompts: auto (built-in tasks' templated, data's as given: TRL)")
 
 
@@ -304,6 +307,7 @@ RULES = {
     **dict.fromkeys("gamma gae_lambda lr_min_ratio".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "chat_template_kwargs": (lambda v: not v or isinstance(json_object(v), dict), 'a JSON object: {"name": value}'),
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "use_vllm": (lambda v: not v or importlib.util.find_spec("vllm"), "false here: vllm is not installed (see README)"),
     "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
@@ -318,10 +322,16 @@ RULES = {
 }
 
 
+def json_object(text: str):
+    """A JSON text's value, or None where it is not JSON (a rule's test: the key is then named)."""
+    with contextlib.suppress(ValueError):
+        return json.loads(text)
+
+
 def _convert(key: str, typ, value):
     """Coerce a YAML or command-line value to the field's type, or raise naming the key."""
-    if typ is str and isinstance(value, list):  # a YAML list: comma-separated, as on the command line
-        value = ",".join(map(str, value))
+    if typ is str and isinstance(value, (list, dict)):  # a YAML list: comma-separated, as on the command line
+        value = json.dumps(value) if isinstance(value, dict) else ",".join(map(str, value))  # a mapping: JSON
     if isinstance(value, str) and typ is not str:
         text = value.strip()
         if typ is bool:
@@ -358,13 +368,11 @@ def from_dict(cls, values: dict):
     values = nanorl_names(cls, values, COMMANDS.get(cls, "nanorl train"))  # TRL names; did-you-mean for typos
     if "algo" in hints:
         algo = str(values.get("algo", "grpo"))
-        if algo == "ppo":
-            raise ConfigError(
-                "config key 'algo': PPO is its own command with its own config: `nanorl ppo` "
-                "(nanorl.ppo.train(PPOConfig(...)) from Python)"
-            )
+        ppo = " (PPO is its own command: `nanorl ppo`, nanorl.ppo.train(PPOConfig(...)) from Python)"
         if algo not in PRESETS:
-            raise ConfigError(f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}")
+            raise ConfigError(
+                f"config key 'algo': expected one of {'|'.join(PRESETS)}, got {algo!r}{ppo * (algo == 'ppo')}"
+            )
         values = {**PRESETS[algo], **values}  # the preset first; keys given explicitly win
     cfg = cls(**{name: _convert(name, hints[name], value) for name, value in values.items()})
     validate(cfg)
@@ -395,17 +403,13 @@ def validate(cfg) -> None:
         if cfg.minibatch_size and batch % cfg.minibatch_size:
             raise ConfigError(f"config key 'minibatch_size': {cfg.minibatch_size} must divide the batch of {batch}")
         if cfg.samples_per_prompt < 2 and getattr(cfg, "adv_estimator", "batch") in ("group", "rloo", "group_batch"):
-            raise ConfigError(
-                f"config key 'samples_per_prompt': a group-relative advantage ({cfg.adv_estimator}) "
-                f"needs >= 2 samples per prompt (1 gives every sample advantage 0: nothing is learned)"
-            )
+            why = f"a group-relative advantage ({cfg.adv_estimator}) needs >= 2 (1 gives every sample advantage 0)"
+            raise ConfigError(f"config key 'samples_per_prompt': {why}")
     if isinstance(cfg, GRPOConfig):
         changed = [k for k, v in PRESETS.get(cfg.algo, {}).items() if v != getattr(GRPOConfig, k)]
         if changed and all(getattr(cfg, k) == getattr(GRPOConfig, k) for k in changed):
-            raise ConfigError(
-                f"config key 'algo': {cfg.algo!r} is a preset; build it with "
-                f"nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)"
-            )
+            how = f"build it with nanorl.config.preset({cfg.algo!r}, ...) or from_dict, not GRPOConfig(algo=...)"
+            raise ConfigError(f"config key 'algo': {cfg.algo!r} is a preset; {how}")
         if cfg.kl_placement == "reward" and cfg.kl_coef == 0:
             raise ConfigError("config key 'kl_placement': 'reward' needs a 'kl_coef' > 0 (with 0 no KL is computed)")
         if cfg.max_episode_tokens and cfg.max_episode_tokens < cfg.max_new_tokens:
@@ -419,8 +423,7 @@ def preset(algo: str, **overrides) -> GRPOConfig:
     return from_dict(GRPOConfig, {"algo": algo, **overrides})
 
 
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+to_dict = dataclasses.asdict  # a config as a plain dict (config.json)
 
 
 def parse_args(cls, argv: list[str], prog: str | None = None):

@@ -193,15 +193,18 @@ def sharded(model) -> bool:
 
 
 def load(load_fn, name: str, device, dtype, cfg):
-    """load_fn(name, device, dtype) -> (model, tokenizer); under FSDP by the main process alone (fsdp.load)."""
+    """load_fn(name, device, dtype) -> (model, tokenizer); under FSDP by the main process alone (fsdp.load). The
+    chat template reads cfg.chat_template_kwargs (models.with_chat_kwargs)."""
+    from nanorl.models import with_chat_kwargs
+
     if not fsdp(cfg):
-        return load_fn(name, device, dtype)
+        return with_chat_kwargs(*load_fn(name, device, dtype), cfg)
     from nanorl.backends import fsdp as plugin
 
     own = world_size() > 1 and (not STARTED or STARTED[0] is None)  # no side group (a caller's process group)
     group = dist.new_group(backend="gloo", timeout=LONG_WAIT) if own else (STARTED or [None])[0]
     try:
-        return plugin.load(load_fn, name, dtype, group)
+        return with_chat_kwargs(*plugin.load(load_fn, name, dtype, group), cfg)
     finally:
         if own:
             dist.destroy_process_group(group)

@@ -7,6 +7,7 @@ model, tok = load_model("tiny")              # 2-layer random Llama + char token
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -22,6 +23,14 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{name}' requested but CUDA is not available on this machine (use --device cpu)")
     return torch.device(name)
+
+
+def with_chat_kwargs(model, tok, cfg):
+    """(model, tok) whose chat template reads cfg.chat_template_kwargs (TRL's; e.g. {"enable_thinking": false} for
+    Qwen3) at every rendering: prompts, SFT conversations, episodes, a reward model's inputs."""
+    if getattr(cfg, "chat_template_kwargs", ""):
+        tok.apply_chat_template = functools.partial(tok.apply_chat_template, **json.loads(cfg.chat_template_kwargs))
+    return model, tok
 
 
 def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

@@ -297,14 +297,8 @@ def run_eval(sampler, tok, task: Task, cfg: OnlineConfig, logger, out: Path, ste
 
 
 def progress(start: int, cfg: OnlineConfig, name: str):
-    return tqdm(
-        range(start, cfg.steps),
-        initial=start,
-        total=cfg.steps,
-        desc=name,
-        dynamic_ncols=True,
-        disable=None if distributed.is_main() else True,
-    )
+    quiet = None if distributed.is_main() else True
+    return tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=name, dynamic_ncols=True, disable=quiet)
 
 
 def due(step: int, every: int, total: int, at_end: bool) -> bool:

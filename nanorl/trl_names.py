@@ -99,7 +99,6 @@ DIFFERENT = {
     "min_p": "not in nanorl yet: temperature, top_p and top_k shape the sampling",
     "repetition_penalty": "not in nanorl yet: temperature, top_p and top_k shape the sampling",
     "generation_kwargs": "not in nanorl: the sampling keys are temperature, top_p and top_k",
-    "chat_template_kwargs": "not in nanorl yet: prompts go through the chat template as it is",
     "fp16": "fp16 training is not in nanorl: --dtype bf16-mixed (TRL's bf16) or float32",
     "use_liger_kernel": "not in nanorl: log-probs are computed a chunk of rows at a time already",
     "ds3_gather_for_generation": "DeepSpeed is not used: FSDP (--strategy fsdp) gathers each weight as it is needed",

@@ -684,3 +684,37 @@ def test_eval_temperature_samples_the_held_out_evaluation_and_says_so(tmp_path, 
     assert "held-out sampled (temperature 0.7) accuracy" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="'eval_temperature': must be >= 0"):
         from_dict(GRPOConfig, {"eval_temperature": -1})
+
+
+def test_chat_template_kwargs_reach_every_rendering_of_the_template(tmp_path):
+    """TRL's chat_template_kwargs (Qwen3's enable_thinking=False): a JSON object on the command line, a mapping in
+    YAML; the tokenizer every command loads renders prompts (and conversations) with them."""
+    from nanorl import distributed
+    from nanorl.data import render_prompt
+    from nanorl.hub import tiny_model_and_tokenizer
+    from nanorl.models import load_model
+
+    model, tok = tiny_model_and_tokenizer()
+    tok.chat_template = tok.chat_template.replace(
+        "assistant\n{% endif %}", "assistant\n{% if enable_thinking is false %}<think></think>{% endif %}{% endif %}"
+    )
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    (tmp_path / "c.yaml").write_text("chat_template_kwargs: {enable_thinking: false}\n")
+    cfg = parse_args(GRPOConfig, ["--config", str(tmp_path / "c.yaml")])
+    assert json.loads(cfg.chat_template_kwargs) == {"enable_thinking": False}
+    flag = parse_args(SFTConfig, ["--chat-template-kwargs", '{"enable_thinking": false}'])
+    assert flag.chat_template_kwargs == '{"enable_thinking": false}'
+    for bad in ("{enable_thinking: false}", "[1]", "false"):
+        with pytest.raises(ConfigError, match="'chat_template_kwargs': must be a JSON object"):
+            from_dict(GRPOConfig, {"chat_template_kwargs": bad})
+
+    plain = distributed.load(load_model, str(tmp_path / "m"), "cpu", torch.float32, GRPOConfig())[1]
+    _, tok = distributed.load(load_model, str(tmp_path / "m"), "cpu", torch.float32, cfg)
+    assert tok.decode(render_prompt(tok, "2 + 2 =")).endswith("assistant\n<think></think>")
+    assert not tok.decode(render_prompt(plain, "2 + 2 =")).endswith("</think>")
+    turns = [{"role": "user", "content": "hi"}]
+    assert (
+        tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False)
+        == "<|im_start|>user\nhi<|im_end|>\n"
+    )
