@@ -35,8 +35,7 @@ def eval_main(cfg: EvalConfig) -> None:
     from nanorl.backends import select_backend
     from nanorl.evaluate import evaluate
     from nanorl.models import load_model, resolve_device, stop_token_ids, with_chat_kwargs
-    from nanorl.online import make_agent, make_sampler
-    from nanorl.sampling import SamplingParams
+    from nanorl.online import make_agent, make_sampler, sampling_params
     from nanorl.tasks import task_from_config
 
     task = task_from_config(cfg)
@@ -46,7 +45,7 @@ def eval_main(cfg: EvalConfig) -> None:
     model, tok = with_chat_kwargs(*load_model(cfg.model, device, dtype), cfg)
     model.eval()
     sampler = make_sampler(cfg, model, tok, stop_token_ids(model, tok), backend)
-    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+    params = sampling_params(cfg)
     metrics, samples = evaluate(
         sampler, tok, task, params, cfg.k, cfg.system_prompt, agent=agent, t=cfg.eval_temperature
     )

@@ -128,6 +128,7 @@ class SamplingConfig:
     temperature: float = _f(1.0, "sampling temperature (the policy is softmax(logits / T))")
     top_p: float = _f(1.0, "nucleus sampling threshold (1.0 = off)")
     top_k: int = _f(0, "top-k sampling (0 = off)")
+    min_p: float = _f(0.0, "min-p sampling: drop tokens below min_p x the most likely one's probability (0 = off)")
     eval_temperature: float = _f(0.0, "held-out evaluation: 0 = greedy; > 0 = sampled at it (TRL: at temperature)")
 
 
@@ -304,11 +305,10 @@ RULES = {
         "max_bad_steps warmup_steps save_every kl_coef weight_decay vllm_max_model_length".split(), NOT_NEGATIVE
     ),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout adam_epsilon".split(), POSITIVE),
-    **dict.fromkeys("gamma gae_lambda lr_min_ratio".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
+    **dict.fromkeys("gamma gae_lambda lr_min_ratio min_p".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    **dict.fromkeys("top_p vllm_gpu_memory_utilization".split(), (lambda v: 0 < v <= 1, "in (0, 1]")),
     "chat_template_kwargs": (lambda v: not v or isinstance(json_object(v), dict), 'a JSON object: {"name": value}'),
-    "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "use_vllm": (lambda v: not v or importlib.util.find_spec("vllm"), "false here: vllm is not installed (see README)"),
     "eval_fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
     "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"),

@@ -37,6 +37,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
 
 
 @dataclass
@@ -79,13 +80,16 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor |
     if params.temperature == 0:
         token = z.argmax(-1)
         return token, probs.gather(-1, token[:, None]).squeeze(-1).log()
-    weights = probs
+    weights = probs  # truncated as vLLM does it: min-p, top-k, then top-p of what is left
+    if params.min_p > 0:  # min-p (arXiv 2407.01082): tokens under min_p x the most likely one's probability
+        weights = weights.masked_fill(weights < params.min_p * weights.max(-1, keepdim=True).values, 0.0)
     if params.top_k > 0:
         kth = torch.topk(weights, min(params.top_k, weights.shape[-1]), dim=-1).values[:, -1:]
         weights = weights.masked_fill(weights < kth, 0.0)
     if params.top_p < 1.0:
         sorted_p, order = weights.sort(dim=-1, descending=True)
-        drop_sorted = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
+        mass = sorted_p.cumsum(-1) - sorted_p  # (A, V) before each token; keep the smallest prefix reaching top_p
+        drop_sorted = mass >= params.top_p * (sorted_p[:, -1:] + mass[:, -1:])  # of what min-p and top-k left
         weights = weights.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
     token = inverse_cdf(weights, u)
     return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # log of the untruncated policy

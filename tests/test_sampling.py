@@ -147,3 +147,31 @@ def test_a_prompts_samples_do_not_depend_on_its_batch(tiny):
             pad_id=tok.pad_token_id,
         ).completion_ids
     )
+
+
+def test_min_p_then_top_k_then_top_p_of_what_is_left_as_vllm_and_transformers_truncate():
+    """min-p keeps the tokens with at least min_p x the top token's probability (arXiv 2407.01082); top-p counts the
+    mass of what min-p and top-k left (renormalised), as vLLM's sampler and transformers' warpers do: with top_k 2 and
+    top_p 0.5 on probabilities (0.4, 0.3, 0.2, 0.1) only the first token is left (0.4 / 0.7 >= 0.5). The log-prob is the
+    untruncated policy's, as for top-k and top-p; vLLM gets the same min_p."""
+    from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from nanorl.integrations.vllm import requests_of
+
+    gen = torch.Generator().manual_seed(0)
+    u = lambda: torch.rand(1, 1, generator=gen)  # noqa: E731
+    logits = torch.tensor([[3.0, 2.0, 1.0, -5.0]])  # probabilities 0.665, 0.245, 0.090, 0.0002
+    for min_p, kept in ((0.2, {0, 1}), (0.1, {0, 1, 2}), (0.0, {0, 1, 2, 3})):
+        seen = {sample_token(logits, SamplingParams(min_p=min_p), u())[0].item() for _ in range(3000)}
+        assert seen == kept, (min_p, seen)
+        hf = MinPLogitsWarper(min_p) if min_p else (lambda ids, x: x)
+        assert set(torch.isfinite(hf(None, logits.clone())[0]).nonzero().flatten().tolist()) == kept
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    for params in (SamplingParams(top_k=2, top_p=0.5), SamplingParams(top_k=3, top_p=0.7), SamplingParams(top_p=0.7)):
+        seen = {sample_token(logits, params, u())[0].item() for _ in range(2000)}
+        hf = TopPLogitsWarper(params.top_p)(None, TopKLogitsWarper(params.top_k or 4)(None, logits.clone()))
+        assert seen == set(torch.isfinite(hf[0]).nonzero().flatten().tolist()), (params, seen)
+    assert {sample_token(logits, SamplingParams(top_k=2, top_p=0.5), u())[0].item() for _ in range(500)} == {0}
+    token, lp = sample_token(logits, SamplingParams(min_p=0.9), u())
+    assert token.item() == 0 and torch.allclose(lp, torch.log(torch.tensor([0.4])))
+    assert requests_of([[1, 2]], 2, SamplingParams(min_p=0.05), 0, [0])[1][1]["min_p"] == 0.05

@@ -80,7 +80,7 @@ def requests_of(prompts: list[list[int]], group_size: int, params: SamplingParam
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,  # 0: off, as in nanorl
-        min_p=0.0,
+        min_p=params.min_p,
         repetition_penalty=1.0,
         presence_penalty=0.0,
         frequency_penalty=0.0,
