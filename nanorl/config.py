@@ -66,7 +66,7 @@ class RunConfig:
 
     out_dir: str = _f("runs/grpo", "run folder: config, metrics.jsonl, samples, eval results, checkpoints")
     seed: int = _f(0, "seed for data order, sampling and initialisation")
-    report_to: str = _f("console", "besides the JSONL files, comma-separated: console, tensorboard, wandb, or none")
+    report_to: str = _f("console", "besides the JSONL files, any of console,tensorboard,wandb,trackio (or none)")
     eval_every: int = _f(10, "evaluate on the held-out split every N steps (and at start and end)")
     save_every: int = _f(20, "resumable checkpoint every N steps (0 = none); SIGINT / SIGTERM also write one")
     keep_last: int = _f(1, "checkpoints kept: the latest in checkpoint/, older ones as checkpoint-step<N>/")
@@ -273,7 +273,7 @@ PRESETS: dict[str, dict] = {
     "reinforce_pp": {"adv_estimator": "batch", "scale_adv_by_std": True},  # arXiv 2501.03262
     "reinforce_pp_baseline": {"adv_estimator": "group_batch", "scale_adv_by_std": True},  # verl, OpenRLHF
 }
-REPORT_TO = ("console", "tensorboard", "wandb", "none")  # logger.make_logger
+REPORT_TO = ("console", "tensorboard", "wandb", "trackio", "none")  # logger.make_logger
 # The allowed values of each string key, for every config that has the key.
 CHOICES = {
     "adv_estimator": ("group", "rloo", "batch", "group_batch"),
@@ -392,7 +392,7 @@ def validate(cfg) -> None:
         for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
             if name not in REPORT_TO:
                 raise ConfigError(f"config key 'report_to': unknown logger {name!r} ({', '.join(REPORT_TO)})")
-            if name in ("tensorboard", "wandb") and importlib.util.find_spec(name) is None:
+            if name in REPORT_TO[1:4] and importlib.util.find_spec(name) is None:
                 raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
     if isinstance(cfg, EvalConfig) and not cfg.model:
         raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")

@@ -235,8 +235,8 @@ class RunWarnings(Logger):
 
 
 def make_logger(out_dir, report_to="console", append=False, total_steps=None, config=None, callbacks=()):
-    """JSONL always, plus each of `report_to` (comma-separated: console, tensorboard, wandb; or none), on the main
-    process only; the other processes get Loggers([]), which records nothing."""
+    """JSONL always, plus each of `report_to` (comma-separated: console, tensorboard, wandb, trackio; or none), on
+    the main process only; the other processes get Loggers([]), which records nothing."""
     if not distributed.is_main():
         return Loggers([])
     chosen = [n.strip() for n in report_to.split(",") if n.strip() and n.strip() != "none"]

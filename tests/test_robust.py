@@ -3,8 +3,10 @@ refused before any model is loaded, and every step shows on the console and in t
 
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,6 +181,46 @@ def test_tensorboard_and_wandb_offline_receive_the_metrics(tmp_path, monkeypatch
     assert wandb.run is None  # the run was finished
     train(GRPOConfig(out_dir=str(tmp_path), **{**base, "steps": 4, "resume": True}), toy_task())
     assert (tmp_path / "wandb_run_id").read_text() == run_id  # the resumed run goes on in the same W&B run
+
+
+TRACKIO_RUN = """
+import json, sys
+from pathlib import Path
+from nanorl.config import GRPOConfig
+from nanorl.grpo import train
+from test_robust import SMALL, toy_task
+out, steps, resume = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+base = {**SMALL, "report_to": "trackio", "eval_every": 3, "save_every": 2, "steps": steps, "resume": resume}
+train(GRPOConfig(out_dir=str(out), **base), toy_task())
+from trackio.sqlite_storage import SQLiteStorage
+name = (out / "trackio_run_name").read_text()
+logs = SQLiteStorage.get_logs("mine", name)
+print("TRACKIO " + json.dumps({"runs": SQLiteStorage.get_runs("mine"), "name": name, "steps": [
+    [x["step"], "reward/mean" in x, "eval/greedy_acc" in x, "completions" in x] for x in logs]}))
+"""
+
+
+def test_trackio_receives_the_metrics_and_a_resumed_run_goes_on_in_the_same_run(tmp_path):
+    """report_to trackio (TRL's name; trackio's local store, here a folder of the test's own: TRACKIO_DIR): each
+    step's metrics, the evaluations and the completions table; --resume continues the run of the same name."""
+    pytest.importorskip("trackio")
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "store"), "TRACKIO_PROJECT": "mine"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+
+    def run(steps, resume):
+        cmd = [sys.executable, "-c", TRACKIO_RUN, str(tmp_path / "run"), str(steps), str(int(resume))]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("TRACKIO "))[len("TRACKIO ") :])
+
+    first = run(3, False)
+    assert first["runs"] == [first["name"]] and first["name"].startswith("run-")
+    has = lambda i: {s for s, *x in first["steps"] if x[i]}  # noqa: E731  the steps with a reward, an eval, a table
+    assert has(0) == {1, 2, 3} and has(1) == {0, 3} and has(2) == {1, 2, 3}
+    again = run(4, True)  # from the checkpoint at step 2
+    assert again["runs"] == [first["name"]] and again["name"] == first["name"]
+    assert {s for s, *_ in again["steps"]} >= {1, 2, 3, 4}
+    assert (tmp_path / "store").is_dir() and not (Path.home() / ".cache/huggingface/trackio/mine.db").exists()
 
 
 def _same_run(a, b):

@@ -35,7 +35,7 @@ OPTIONAL = (
     "nanorl.tasks.files",
 )
 OPTIONAL_WORDS = ("vllm", "engine", "tool", "environment", "agent")  # in a module's name
-OPTIONAL_PACKAGES = ("peft", "vllm", "tensorboard", "wandb", "matplotlib", "trl", "math_verify")
+OPTIONAL_PACKAGES = ("peft", "vllm", "tensorboard", "wandb", "trackio", "matplotlib", "trl", "math_verify")
 
 RUN = """
 import json, sys

@@ -1,13 +1,16 @@
-"""Trackers behind the logger object (logger.py), chosen with `report_to`: TensorBoard and Weights & Biases
-(the console line is logger.py's own). Loaded only when a run asks for one.
+"""Trackers behind the logger object (logger.py), chosen with `report_to`: TensorBoard, Weights & Biases and
+trackio (the console line is logger.py's own). Loaded only when a run asks for one.
 
     nanorl train --report-to console,tensorboard      # RUN/tensorboard/, then `tensorboard --logdir RUN`
     WANDB_MODE=offline nanorl train --report-to wandb # RUN/wandb/ (offline: `wandb sync` it later)
+    nanorl train --report-to trackio                  # trackio's local store (TRACKIO_DIR), then `trackio show`
 
 Each takes the step's metrics as they are written to metrics.jsonl (numbers only), the evaluations, and the
 step's completions as samples.jsonl gets them (all of them with --log_completions true): a text table in TensorBoard,
 a `completions` table in W&B. W&B's project and run name come from WANDB_PROJECT / WANDB_NAME (else "nanorl" and
 the run folder's name), and a resumed run (--resume true) continues the same W&B run (its id is kept in the folder).
+trackio likewise: project TRACKIO_PROJECT (else "nanorl"), run name TRACKIO_NAME (else the folder's name), kept in
+the folder for a resumed run; where its data goes is trackio's choice (TRACKIO_DIR, TRACKIO_SPACE_ID).
 """
 
 from __future__ import annotations
@@ -103,4 +106,36 @@ class WandbLogger(_Tracker):
         self.run.finish()
 
 
-TRACKERS = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}
+class TrackioLogger(_Tracker):
+    def __init__(self, out_dir: Path, config=None, append: bool = False):
+        try:
+            import trackio
+        except ImportError:
+            raise ImportError("report_to trackio needs trackio: pip install trackio") from None
+        self.trackio = trackio
+        saved = Path(out_dir) / "trackio_run_name"  # a resumed run goes on in the same trackio run
+        name = os.environ.get("TRACKIO_NAME", f"{Path(out_dir).name}-{uuid.uuid4().hex[:6]}")
+        name = saved.read_text().strip() if append and saved.is_file() else name
+        saved.write_text(name)
+        self.run = trackio.init(
+            project=os.environ.get("TRACKIO_PROJECT", "nanorl"),
+            name=name,
+            config=dataclasses.asdict(config) if config is not None else None,
+            resume="allow",
+            embed=False,
+        )
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(_numbers(metrics), step=step)
+
+    def log_eval(self, metrics: dict, step: int) -> None:
+        self.run.log(_numbers(metrics), step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        self.run.log({"completions": self.trackio.Table(columns=list(COLUMNS), data=_rows(records))}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+TRACKERS = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger, "trackio": TrackioLogger}
