@@ -16,6 +16,7 @@ the folder for a resumed run; where its data goes is trackio's choice (TRACKIO_D
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import uuid
@@ -74,68 +75,56 @@ class TensorBoardLogger(_Tracker):
         self.writer.close()
 
 
-class WandbLogger(_Tracker):
-    def __init__(self, out_dir: Path, config=None, append: bool = False):
+class _RunTracker(_Tracker):
+    """W&B and trackio: a run object with .log(dict, step=) and .finish(), a library with a Table, and a run identity
+    kept in the run folder so that a resumed run (--resume true) goes on in the same run."""
+
+    def __init__(self, library: str, out_dir: Path, append: bool, keep: str, new: str):
         try:
-            import wandb
+            self.library = importlib.import_module(library)
         except ImportError:
-            raise ImportError("report_to wandb needs wandb: pip install wandb") from None
-        self.wandb = wandb
-        saved = Path(out_dir) / "wandb_run_id"  # a resumed run goes on in the same W&B run
-        run_id = saved.read_text().strip() if append and saved.is_file() else uuid.uuid4().hex[:12]
-        saved.write_text(run_id)
-        self.run = wandb.init(
+            raise ImportError(f"report_to {library} needs {library}: pip install {library}") from None
+        saved = Path(out_dir) / keep
+        self.identity = saved.read_text().strip() if append and saved.is_file() else new
+        saved.write_text(self.identity)
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(_numbers(metrics), step=step)
+
+    def log_eval(self, metrics: dict, step: int) -> None:
+        self.log(metrics, step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        self.run.log({"completions": self.library.Table(columns=list(COLUMNS), data=_rows(records))}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class WandbLogger(_RunTracker):
+    def __init__(self, out_dir: Path, config=None, append: bool = False):
+        super().__init__("wandb", out_dir, append, "wandb_run_id", uuid.uuid4().hex[:12])
+        self.run = self.library.init(
             project=os.environ.get("WANDB_PROJECT", "nanorl"),
             name=os.environ.get("WANDB_NAME", Path(out_dir).name),
-            id=run_id,
+            id=self.identity,
             dir=str(out_dir),
             resume="allow",
             config=dataclasses.asdict(config) if config is not None else None,
         )
 
-    def log(self, metrics: dict, step: int) -> None:
-        self.run.log(_numbers(metrics), step=step)
 
-    def log_eval(self, metrics: dict, step: int) -> None:
-        self.run.log(_numbers(metrics), step=step)
-
-    def log_samples(self, records: list[dict], step: int) -> None:
-        self.run.log({"completions": self.wandb.Table(columns=list(COLUMNS), data=_rows(records))}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class TrackioLogger(_Tracker):
+class TrackioLogger(_RunTracker):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
-        try:
-            import trackio
-        except ImportError:
-            raise ImportError("report_to trackio needs trackio: pip install trackio") from None
-        self.trackio = trackio
-        saved = Path(out_dir) / "trackio_run_name"  # a resumed run goes on in the same trackio run
         name = os.environ.get("TRACKIO_NAME", f"{Path(out_dir).name}-{uuid.uuid4().hex[:6]}")
-        name = saved.read_text().strip() if append and saved.is_file() else name
-        saved.write_text(name)
-        self.run = trackio.init(
+        super().__init__("trackio", out_dir, append, "trackio_run_name", name)
+        self.run = self.library.init(
             project=os.environ.get("TRACKIO_PROJECT", "nanorl"),
-            name=name,
+            name=self.identity,
             config=dataclasses.asdict(config) if config is not None else None,
             resume="allow",
             embed=False,
         )
-
-    def log(self, metrics: dict, step: int) -> None:
-        self.run.log(_numbers(metrics), step=step)
-
-    def log_eval(self, metrics: dict, step: int) -> None:
-        self.run.log(_numbers(metrics), step=step)
-
-    def log_samples(self, records: list[dict], step: int) -> None:
-        self.run.log({"completions": self.trackio.Table(columns=list(COLUMNS), data=_rows(records))}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 TRACKERS = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger, "trackio": TrackioLogger}
