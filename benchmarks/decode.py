@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=None, help="also write the numbers to this JSON file")
     ap.add_argument("--ignore-eos", action="store_true", help="every row makes --new-tokens tokens (same work)")
+    ap.add_argument("--no-forward", action="store_true", help="leave out the model-forward step and `generate`")
     ap.add_argument(
         "--vllm", action="store_true", help="also sample with a colocated vLLM engine (integrations/vllm.py)"
     )
@@ -80,6 +81,8 @@ def main() -> None:
         "model forward (ModelStep)": sampler(False),
         "transformers generate": hf_generate,
     }
+    if a.no_forward:  # long answers: `generate` at 1,024 tokens takes ten minutes a round here
+        kinds = {k: v for k, v in kinds.items() if k.startswith("lean")}
     if a.vllm:  # the engine holds its own copy of the weights, loaded from the model's folder
         import nanorl.integrations.vllm as integration
         from nanorl.integrations.vllm import VllmSampler
@@ -107,18 +110,21 @@ def main() -> None:
         roll = engine.generate(prompts, a.samples, params, 0)
         ref, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
         vllm_gap = max((ref[i, : len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
-    lean, forward, hf = list(kinds)[:3]
+    lean, forward, hf = "lean step (backends/decode.py)", "model forward (ModelStep)", "transformers generate"
     res = {
         "model": a.model,
         "cpu": speed.cpu_identity(),
         "threads": torch.get_num_threads(),
         "reps": a.reps,
         "tokens_per_s": rate,
-        "lean_vs_model_forward": med[lean] / med[forward],
-        "lean_vs_generate": med[lean] / med[hf],
-        "model_forward_vs_generate": med[forward] / med[hf],
         "max_logprob_gap": gap,
     }
+    if not a.no_forward:
+        res.update(
+            lean_vs_model_forward=med[lean] / med[forward],
+            lean_vs_generate=med[lean] / med[hf],
+            model_forward_vs_generate=med[forward] / med[hf],
+        )
     if a.vllm:
         res.update(vllm_vs_lean=med["vLLM engine (colocated)"] / med[lean], vllm_max_logprob_gap=vllm_gap)
     res.update(new_tokens=a.new_tokens, rows=f"{a.prompts} x {a.samples}", ignore_eos=a.ignore_eos)
@@ -128,10 +134,11 @@ def main() -> None:
     )
     for name in kinds:
         print(f"  {name:32s} {med[name]:6.0f} tokens/s ({min(rate[name]):.0f}-{max(rate[name]):.0f})")
-    print(
-        f"  lean step / model forward {res['lean_vs_model_forward']:.2f}x; lean step / generate "
-        f"{res['lean_vs_generate']:.2f}x; model forward / generate {res['model_forward_vs_generate']:.2f}x"
-    )
+    if not a.no_forward:
+        print(
+            f"  lean step / model forward {res['lean_vs_model_forward']:.2f}x; lean step / generate "
+            f"{res['lean_vs_generate']:.2f}x; model forward / generate {res['model_forward_vs_generate']:.2f}x"
+        )
     print(f"  lean rollout log-probs vs token_logprobs of the same sequences: max |diff| {gap:.1e}")
     if a.vllm:
         print(
