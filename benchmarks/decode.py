@@ -102,6 +102,7 @@ def main() -> None:
             t = time.perf_counter()
             n = run(r)
             rate[name].append(n / (time.perf_counter() - t))
+    torch.set_grad_enabled(False)  # the log-prob checks below: without it autograd keeps every activation (OOM)
     roll = generate(model, prompts, a.samples, params, stops, seed=0, pad_id=tok.pad_token_id)
     ref, _ = token_logprobs(model, collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, "cpu"))
     gap = max((ref[i, : len(lp)] - lp).abs().max().item() for i, lp in enumerate(roll.logprobs))
