@@ -34,8 +34,7 @@ def defaults(**values):
     def wrap(cls):
         for name, value in values.items():
             bases = [b for b in cls.__mro__[1:] if name in vars(b).get("__dataclass_fields__", {})]
-            if not bases:
-                raise TypeError(f"@defaults({name}=...) on {cls.__name__}: no base class declares {name!r}")
+            assert bases, f"@defaults({name}=...) on {cls.__name__}: no base class declares {name!r}"
             declared = vars(bases[0])["__dataclass_fields__"][name]
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: declared.type}
             setattr(cls, name, field(default=value, metadata=declared.metadata))
@@ -129,6 +128,7 @@ class SamplingConfig:
     top_p: float = _f(1.0, "nucleus sampling threshold (1.0 = off)")
     top_k: int = _f(0, "top-k sampling (0 = off)")
     min_p: float = _f(0.0, "min-p sampling: drop tokens below min_p x the most likely one's probability (0 = off)")
+    repetition_penalty: float = _f(1.0, "> 1: tokens already in the prompt or the answer less likely (CTRL; 1 = off)")
     eval_temperature: float = _f(0.0, "held-out evaluation: 0 = greedy; > 0 = sampled at it (TRL: at temperature)")
 
 
@@ -305,6 +305,7 @@ RULES = {
         "max_bad_steps warmup_steps save_every kl_coef weight_decay vllm_max_model_length".split(), NOT_NEGATIVE
     ),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout adam_epsilon".split(), POSITIVE),
+    **dict.fromkeys("repetition_penalty".split(), POSITIVE),
     **dict.fromkeys("gamma gae_lambda lr_min_ratio min_p".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),
     **dict.fromkeys("top_p vllm_gpu_memory_utilization".split(), (lambda v: 0 < v <= 1, "in (0, 1]")),
@@ -316,6 +317,8 @@ RULES = {
     "clip_ratio_c": (lambda v: v == 0 or v > 1, "> 1, or 0 = off"),
     "clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "clip_high": NOT_NEGATIVE,
+    "model": (lambda v: bool(v), "given: the model to load (--model PATH_OR_ID)"),
+    "report_to": (lambda v: {n.strip() for n in v.split(",")} - {""} <= set(REPORT_TO), f"in {', '.join(REPORT_TO)}"),
     "device": (lambda v: re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", v), "auto, cpu, cuda, cuda:N, mps or xpu"),
     "out_dir": (lambda v: not Path(v).exists() or Path(v).is_dir(), "a folder (it is a file)"),
     "lora_dropout": (lambda v: v == 0, "0: every model runs without dropout, so rollout and update see one function"),
@@ -390,12 +393,8 @@ def validate(cfg) -> None:
             raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {value!r}")
     if isinstance(cfg, RunConfig):  # every tracker named is known and installed
         for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
-            if name not in REPORT_TO:
-                raise ConfigError(f"config key 'report_to': unknown logger {name!r} ({', '.join(REPORT_TO)})")
             if name in REPORT_TO[1:4] and importlib.util.find_spec(name) is None:
                 raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
-    if isinstance(cfg, EvalConfig) and not cfg.model:
-        raise ConfigError("config key 'model': give the model to evaluate (--model PATH_OR_ID)")
     if isinstance(cfg, OnlineConfig):
         if cfg.rule_weight == 0 and not cfg.reward_model and not getattr(cfg, "environment", ""):
             raise ConfigError("config key 'rule_weight': 0 leaves no reward; give a 'reward_model' or an 'environment'")

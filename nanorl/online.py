@@ -55,7 +55,7 @@ def step_examples(task: Task, cfg: OnlineConfig, step: int) -> list:
 
 
 def sampling_params(cfg: OnlineConfig) -> SamplingParams:
-    return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
+    return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p, cfg.repetition_penalty)
 
 
 # ---------------------------------------------------------------------------- setup

@@ -38,6 +38,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0  # > 1: tokens already in the prompt or the completion made less likely
 
 
 @dataclass
@@ -72,15 +73,19 @@ class Rollouts:
 ROWS = ("prompt_ids", "completion_ids", "logprobs", "truncated", "model_mask", "episodes")  # one entry per row
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None):
+def sample_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None, seen=None):
     """logits (A, V) and one uniform number in [0, 1) per row u (A, 1) -> (token ids (A,), policy log-probs of
-    those tokens (A,)). Greedy (temperature 0) needs no u."""
+    those tokens (A,)). Greedy (temperature 0) needs no u. `seen` (A, V): the tokens of each row's prompt and
+    completion so far, for the repetition penalty."""
     z = logits.float() if params.temperature in (0, 1) else logits.float() / params.temperature  # (A, V)
     probs = torch.softmax(z, dim=-1)  # (A, V) the policy
+    if seen is not None:  # CTRL's repetition penalty (arXiv 1909.05858) before the temperature, as transformers, vLLM
+        x, r = logits.float(), params.repetition_penalty
+        z = torch.where(seen, torch.where(x > 0, x / r, x * r), x) / (params.temperature or 1.0)  # (A, V)
     if params.temperature == 0:
         token = z.argmax(-1)
         return token, probs.gather(-1, token[:, None]).squeeze(-1).log()
-    weights = probs  # truncated as vLLM does it: min-p, top-k, then top-p of what is left
+    weights = probs if seen is None else torch.softmax(z, dim=-1)  # truncated as vLLM does: min-p, top-k, top-p
     if params.min_p > 0:  # min-p (arXiv 2407.01082): tokens under min_p x the most likely one's probability
         weights = weights.masked_fill(weights < params.min_p * weights.max(-1, keepdim=True).values, 0.0)
     if params.top_k > 0:
@@ -223,13 +228,21 @@ def generate(
 
         N = len(prompts) * group_size
         alive = torch.arange(N, device=device)  # rows of the full batch still generating
+        seen = None  # (N, V) the tokens each row has seen, for the repetition penalty
+        if params.repetition_penalty != 1:
+            seen = torch.zeros(N, logits.shape[-1], dtype=torch.bool, device=device)
+            for i, p in enumerate(prompts):
+                seen[i * group_size : (i + 1) * group_size, p] = True
         tokens: list[list[int]] = [[] for _ in range(N)]
         logps: list[list[float]] = [[] for _ in range(N)]
         truncated = [True] * N
 
         # --- decode: one token per step for the rows still alive
         for t in range(params.max_new_tokens):
-            token, lp = sample_token(logits, params, None if noise is None else noise[alive, t][:, None])  # (A,), (A,)
+            u, mine = None if noise is None else noise[alive, t][:, None], None if seen is None else seen[alive]
+            token, lp = sample_token(logits, params, u, mine)  # (A,), (A,)
+            if seen is not None:
+                seen[alive, token] = True
             done = torch.isin(token, stops)
             for row, tk, logp, d in zip(alive.tolist(), token.tolist(), lp.tolist(), done.tolist()):
                 tokens[row].append(tk)
@@ -245,13 +258,8 @@ def generate(
             logits = step(token, alive, next_pos, t)  # (A, V)
             next_pos = next_pos + 1
 
-        return Rollouts(
-            prompt_ids=[list(p) for p in prompts for _ in range(group_size)],
-            completion_ids=tokens,
-            logprobs=[torch.tensor(x) for x in logps],
-            truncated=truncated,
-            group_size=group_size,
-        )
+        prompt_ids = [list(p) for p in prompts for _ in range(group_size)]
+        return Rollouts(prompt_ids, tokens, [torch.tensor(x) for x in logps], truncated, group_size)
 
 
 def sample_episodes(
@@ -263,12 +271,10 @@ def sample_episodes(
     (`first_row`: this process's first row in the global batch); the texts are the episodes' last replies."""
     if agent is None:
         prompts = [render_prompt(tok, ex.prompt, system_prompt) for ex in examples]
-    else:  # the tools in the prompt; an environment's opening makes each episode's prompt its own
-        prompts = agent.prompts(tok, examples, group_size, system_prompt)
-        seeds = agent.seeds(seeds, len(prompts), seed, first_row)
-    if agent is None:
         roll = sampler.generate(prompts, group_size, params, seeds)
         return roll, [tok.decode(c, skip_special_tokens=True) for c in roll.completion_ids]
+    prompts = agent.prompts(tok, examples, group_size, system_prompt)  # tools; an environment's opening per episode
+    seeds = agent.seeds(seeds, len(prompts), seed, first_row)
     with agent.reuse_prefixes(sampler):  # later turns prefill only what the last one added
         roll = sampler.generate(prompts, group_size if len(prompts) == len(examples) else 1, params, seeds)
         roll.group_size = group_size

@@ -175,3 +175,45 @@ def test_min_p_then_top_k_then_top_p_of_what_is_left_as_vllm_and_transformers_tr
     token, lp = sample_token(logits, SamplingParams(min_p=0.9), u())
     assert token.item() == 0 and torch.allclose(lp, torch.log(torch.tensor([0.4])))
     assert requests_of([[1, 2]], 2, SamplingParams(min_p=0.05), 0, [0])[1][1]["min_p"] == 0.05
+
+
+def test_repetition_penalty_samples_as_transformers_and_vllm_and_logs_the_policy(tiny):
+    """CTRL's repetition penalty (TRL's repetition_penalty): the logit of a token already in the row's prompt or
+    completion is divided by it when positive, multiplied when negative, before the temperature. Greedy decoding
+    with it picks what transformers' generate picks, token for token (both backends); sampled draws follow
+    softmax(penalised logits / T); the log-prob is the policy's (unpenalised), as for top-k / top-p."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from nanorl.backends import select_backend
+    from nanorl.integrations.vllm import requests_of
+
+    model, tok = tiny
+    logits = torch.tensor([[2.0, 1.0, -1.0, 0.5]]).repeat(40_000, 1)
+    seen = torch.tensor([[True, False, True, False]]).repeat(40_000, 1)
+    params = SamplingParams(temperature=2.0, repetition_penalty=2.0)
+    hf = RepetitionPenaltyLogitsProcessor(2.0)(torch.tensor([[0, 2]]), logits[:1].clone())[0]  # (1.0, 1.0, -2.0, 0.5)
+    token, lp = sample_token(
+        logits, params, torch.rand(len(logits), 1, generator=torch.Generator().manual_seed(0)), seen
+    )
+    probs = torch.softmax(hf / 2.0, -1)
+    freq = torch.bincount(token, minlength=4).double() / len(token)
+    assert ((freq - probs).abs() <= 5 * (probs * (1 - probs) / len(token)).sqrt()).all(), (freq, probs)
+    assert torch.allclose(lp, torch.log_softmax(logits[0] / 2.0, -1)[token])  # the policy's log-prob
+    greedy = SamplingParams(temperature=0, repetition_penalty=2.0)
+    assert sample_token(torch.tensor([[2.0, 1.5, -1.0, 0.5]]), greedy, None, seen[:1])[0] == 1  # 2 / 2 < 1.5
+
+    prompts = _prompts(tok)
+    for name in ("auto", "torch"):
+        backend = select_backend(name, "float32", torch.device("cpu"))[0]
+        p = SamplingParams(max_new_tokens=12, temperature=0.0, repetition_penalty=1.5)
+        ours = generate(model, prompts, 1, p, [], seed=0, pad_id=tok.pad_token_id, backend=backend).completion_ids
+        for prompt, row in zip(prompts, ours):
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, repetition_penalty=1.5,
+                max_new_tokens=12, min_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=None,
+            )  # fmt: skip
+            assert row == out[0, len(prompt) :].tolist(), name
+    plain = generate(model, prompts, 1, SamplingParams(12, 0.0), [], seed=0, pad_id=tok.pad_token_id)
+    assert plain.completion_ids != ours  # the penalty changed what greedy decoding picks
+    assert requests_of([[1, 2]], 1, SamplingParams(repetition_penalty=1.3), 0, [0])[0][1]["repetition_penalty"] == 1.3

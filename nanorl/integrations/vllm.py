@@ -81,7 +81,7 @@ def requests_of(prompts: list[list[int]], group_size: int, params: SamplingParam
         top_p=params.top_p,
         top_k=params.top_k,  # 0: off, as in nanorl
         min_p=params.min_p,
-        repetition_penalty=1.0,
+        repetition_penalty=params.repetition_penalty,
         presence_penalty=0.0,
         frequency_penalty=0.0,
         stop_token_ids=list(stop_ids),
