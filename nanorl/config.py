@@ -305,7 +305,7 @@ RULES = {
         "max_bad_steps warmup_steps save_every kl_coef weight_decay vllm_max_model_length".split(), NOT_NEGATIVE
     ),
     **dict.fromkeys("temperature lr critic_lr beta lora_alpha vllm_server_timeout adam_epsilon".split(), POSITIVE),
-    **dict.fromkeys("repetition_penalty".split(), POSITIVE),
+    "repetition_penalty": POSITIVE,
     **dict.fromkeys("gamma gae_lambda lr_min_ratio min_p".split(), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys("adam_beta1 adam_beta2".split(), (lambda v: 0 <= v < 1, "in [0, 1)")),
     **dict.fromkeys("top_p vllm_gpu_memory_utilization".split(), (lambda v: 0 < v <= 1, "in (0, 1]")),
@@ -393,7 +393,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"config key '{name}': expected {'|'.join(CHOICES[name])}, got {value!r}")
     if isinstance(cfg, RunConfig):  # every tracker named is known and installed
         for name in (n.strip() for n in cfg.report_to.split(",") if n.strip()):
-            if name in REPORT_TO[1:4] and importlib.util.find_spec(name) is None:
+            if name not in ("console", "none") and importlib.util.find_spec(name) is None:  # a tracker's package
                 raise ConfigError(f"config key 'report_to': {name} is not installed (pip install {name})")
     if isinstance(cfg, OnlineConfig):
         if cfg.rule_weight == 0 and not cfg.reward_model and not getattr(cfg, "environment", ""):

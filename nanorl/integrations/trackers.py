@@ -79,11 +79,12 @@ class _RunTracker(_Tracker):
     """W&B and trackio: a run object with .log(dict, step=) and .finish(), a library with a Table, and a run identity
     kept in the run folder so that a resumed run (--resume true) goes on in the same run."""
 
-    def __init__(self, library: str, out_dir: Path, append: bool, keep: str, new: str):
+    def __init__(self, library: str, out_dir: Path, config, append: bool, keep: str, new: str):
         try:
             self.library = importlib.import_module(library)
         except ImportError:
             raise ImportError(f"report_to {library} needs {library}: pip install {library}") from None
+        self.config = dataclasses.asdict(config) if config is not None else None  # the run's settings, as sent
         saved = Path(out_dir) / keep
         self.identity = saved.read_text().strip() if append and saved.is_file() else new
         saved.write_text(self.identity)
@@ -103,25 +104,25 @@ class _RunTracker(_Tracker):
 
 class WandbLogger(_RunTracker):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
-        super().__init__("wandb", out_dir, append, "wandb_run_id", uuid.uuid4().hex[:12])
+        super().__init__("wandb", out_dir, config, append, "wandb_run_id", uuid.uuid4().hex[:12])
         self.run = self.library.init(
             project=os.environ.get("WANDB_PROJECT", "nanorl"),
             name=os.environ.get("WANDB_NAME", Path(out_dir).name),
             id=self.identity,
             dir=str(out_dir),
             resume="allow",
-            config=dataclasses.asdict(config) if config is not None else None,
+            config=self.config,
         )
 
 
 class TrackioLogger(_RunTracker):
     def __init__(self, out_dir: Path, config=None, append: bool = False):
         name = os.environ.get("TRACKIO_NAME", f"{Path(out_dir).name}-{uuid.uuid4().hex[:6]}")
-        super().__init__("trackio", out_dir, append, "trackio_run_name", name)
+        super().__init__("trackio", out_dir, config, append, "trackio_run_name", name)
         self.run = self.library.init(
             project=os.environ.get("TRACKIO_PROJECT", "nanorl"),
             name=self.identity,
-            config=dataclasses.asdict(config) if config is not None else None,
+            config=self.config,
             resume="allow",
             embed=False,
         )

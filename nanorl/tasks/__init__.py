@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from nanorl.data import Text
 from nanorl.errors import ConfigError, RewardSetupError
 from nanorl.tasks.builtin import builtin_task, load_reward  # load_reward: a reward by name, module or file
 from nanorl.tasks.rewards import as_reward
@@ -155,10 +154,6 @@ class Task:
         return self.score_parts(examples, completions, **context)[1]
 
 
-def _no_chat(prompt):
-    raise ConfigError(f"config key 'apply_chat_template': 'never', but a prompt is chat messages: {str(prompt)[:80]}")
-
-
 def parse_reward_spec(spec) -> list[tuple[str, Callable, float]]:
     """'math=1,answer_tag=0.2' -> [("math", math_reward, 1.0), ("answer_tag", answer_tag, 0.2)]; a list of
     functions (from Python) -> each with weight 1."""
@@ -183,9 +178,12 @@ def get_task(name, *, reward="", on_error="raise", acc_threshold=1.0, apply_chat
     (digits, operators, eval_size, eval_data, seed, prompt_field, answer_field); a non-empty `reward` spec replaces the
     task's own reward. String prompts go through the chat template, a data task's only with apply_chat_template
     'always' (TRL reads a plain string as it is), none with 'never' (chat messages are then refused)."""
-    task = builtin_task(name, chat=apply_chat_template == "always", **options)
-    for ex in task.train + task.eval if apply_chat_template == "never" else ():
-        ex.prompt = Text(ex.prompt) if isinstance(ex.prompt, str) else _no_chat(ex.prompt)
+    task = builtin_task(name, template=apply_chat_template, **options)
+    if apply_chat_template == "never":  # a built-in task's prompts as given too (files.plain_prompt)
+        from nanorl.tasks.files import plain_prompt
+
+        for ex in task.train + task.eval:
+            ex.prompt = plain_prompt(ex.prompt, "never", builtin=True)
     if reward:  # a spec, or reward functions from Python
         task.reward = parse_reward_spec(reward)
     task.on_error, task.acc_threshold = on_error, acc_threshold

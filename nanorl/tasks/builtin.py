@@ -25,9 +25,9 @@ def builtin_rewards() -> dict:
     return {**REWARDS, "math": math_reward, "code": code_reward, "sql": sql_reward, "countdown": countdown_reward}
 
 
-def builtin_task(name, digits=2, operators="+", eval_size=200, eval_data="", seed=0, chat=False, **fields):
-    """A built-in task by name, or a task from data: a file, a folder, a hub id, or a datasets.Dataset (its string
-    prompts read as they are unless `chat`, as TRL reads its standard format; `fields`: prompt_field, answer_field)."""
+def builtin_task(name, digits=2, operators="+", eval_size=200, eval_data="", seed=0, template="auto", **fields):
+    """A built-in task by name, or a task from data: a file, a folder, a hub id, or a datasets.Dataset (its prompts
+    read as apply_chat_template `template` says: files.plain_prompt; `fields`: prompt_field, answer_field)."""
     data = not isinstance(name, str) or "/" in name or Path(name).suffix or Path(name).exists()
     if eval_data and not data:
         raise ConfigError(f"config key 'eval_data': held-out rows from a file are for a task from data, not {name!r}")
@@ -59,7 +59,7 @@ def builtin_task(name, digits=2, operators="+", eval_size=200, eval_data="", see
     elif data:
         from nanorl.tasks.files import file_task  # a data file or folder, a hub id, a datasets.Dataset
 
-        task = file_task(name, "final_number", eval_size, seed, eval_data=eval_data, chat=chat, **fields)
+        task = file_task(name, "final_number", eval_size, seed, eval_data=eval_data, template=template, **fields)
     else:
         raise ConfigError(
             f"config key 'task': unknown task {name!r} (use arithmetic, countdown, calculator, guess, code, sql, "

@@ -109,6 +109,21 @@ def load_rows(source, what: str = "data") -> tuple[list[dict], list[dict] | None
     return train.to_list(), held.to_list() if held is not None else None
 
 
+def plain_prompt(prompt, template: str, builtin: bool):
+    """A prompt as apply_chat_template `template` (auto | always | never) reads it, TRL's rule: a string is read as it
+    is (data.Text, TRL's standard format) with never, or with auto when it comes from data (not `builtin`: nanorl's
+    own tasks are written for chat models); chat messages go through the template, and never refuses them."""
+    from nanorl.data import Text
+    from nanorl.errors import ConfigError
+
+    if template == "never" and not isinstance(prompt, str):
+        raise ConfigError(
+            f"config key 'apply_chat_template': 'never', but a prompt is chat messages: {str(prompt)[:80]}"
+        )
+    as_given = template == "never" or (template == "auto" and not builtin)
+    return Text(prompt) if as_given and isinstance(prompt, str) else prompt
+
+
 def file_task(
     source,
     reward: str = "final_number",
@@ -117,15 +132,13 @@ def file_task(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     eval_data="",
-    chat: bool = False,
+    template: str = "auto",
 ) -> Task:
     """Rows with a prompt (string or chat messages) and the fields the reward needs; `answer_field` is also
     passed to the reward as `answer`. The held-out set (its first eval_size rows) is `eval_data` (another source:
     its test split, or its rows), else the source's test/validation split, else eval_size rows (at most half) cut
-    from the training rows after a shuffle with `seed`; Task.held_out says which (console, config.json). A string
-    prompt is read as it is (data.Text: TRL's standard format), or as one user message of the chat template with
-    `chat`; chat messages always go through the template."""
-    from nanorl.data import Text
+    from the training rows after a shuffle with `seed`; Task.held_out says which (console, config.json). Prompts are
+    read as `template` (apply_chat_template) says: `plain_prompt`."""
     from nanorl.errors import ConfigError
     from nanorl.tasks import Example, Task, parse_reward_spec
 
@@ -149,7 +162,7 @@ def file_task(
             prompt = row.pop(prompt_field)
             if answer_field != "answer" and answer_field in row:
                 row["answer"] = row[answer_field]
-            out.append(Example(Text(prompt) if isinstance(prompt, str) and not chat else prompt, row))
+            out.append(Example(plain_prompt(prompt, template, builtin=False), row))
         return out
 
     train = examples(rows, "train")

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanorl.data import Text, encode_reply
+from nanorl.data import encode_reply
 from nanorl.errors import ConfigError
 
 BUILTIN = {"builtin:arithmetic": Path(__file__).with_name("data") / "arithmetic_prefs.jsonl"}
@@ -86,12 +86,14 @@ def reply(row: dict, where: str) -> Pair:
 
 
 def plain_prompts(pairs: list[Pair], template: str, builtin: bool) -> list[Pair]:
-    """TRL's standard format: a data file's string prompts are read as they are (data.Text, no chat template) unless
-    apply_chat_template is 'always'; with 'never' every string prompt is, and chat messages are refused."""
-    for p in pairs if template == "never" or (template == "auto" and not builtin) else ():
-        if template == "never" and (p.turns or isinstance(p.prompt, list)):
+    """The Pairs with their prompts read as apply_chat_template `template` says (files.plain_prompt, TRL's rule: a
+    data file's strings as they are); 'never' refuses whole conversations (SFT's messages) too."""
+    from nanorl.tasks.files import plain_prompt
+
+    for p in pairs:
+        if template == "never" and p.turns:
             raise ConfigError("config key 'apply_chat_template': 'never', but the rows hold chat messages")
-        p.prompt = Text(p.prompt) if isinstance(p.prompt, str) else p.prompt
+        p.prompt = p.prompt if p.prompt is None else plain_prompt(p.prompt, template, builtin)
     return pairs
 
 
